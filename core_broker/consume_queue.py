@@ -1,0 +1,181 @@
+"""ConsumeQueue: the per (topic, queue) index of a topic's messages in the commitlog.
+
+Each entry is 20 bytes (commitlog offset i64, record size i32, tag hash i64),
+so queue offset N lives at byte 20*N and a reader can jump to any offset and
+skip entries whose tag hash cannot match a filter without touching the log.
+Entries are written by the store's dispatcher right after the commitlog write
+and can be rebuilt from the commitlog alone (each record names its queue
+offsets), which is what crash recovery does.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from .mapped_file import MappedFileQueue
+
+ENTRY = struct.Struct("<qiq")
+ENTRY_SIZE = ENTRY.size
+_pack_into = ENTRY.pack_into
+_unpack_from = ENTRY.unpack_from
+
+
+class ConsumeQueue:
+    __slots__ = ("topic", "queue_id", "files", "max_offset", "min_offset", "limit", "_file_bytes", "_cur")
+
+    def __init__(self, root: Path, topic: str, queue_id: int, entries_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self._file_bytes = entries_per_file * ENTRY_SIZE
+        self.files = MappedFileQueue(root / _safe(topic) / str(queue_id), self._file_bytes)
+        self.max_offset = 0  # next queue offset to assign
+        self.min_offset = 0
+        self.limit = 0  # queue offsets below this (and >= the current file's first) fit in _cur
+        self._cur = None
+
+    def load(self) -> None:
+        """Find the highest written entry (non-zero size) in the last segment."""
+        self.files.load()
+        files = self.files.files
+        if not files:
+            return
+        self.min_offset = files[0].base // ENTRY_SIZE
+        last = files[-1]
+        lo, hi = 0, last.size // ENTRY_SIZE  # entries are written in order: binary search
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _unpack_from(last.mm, mid * ENTRY_SIZE)[1] != 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.max_offset = last.base // ENTRY_SIZE + lo
+        self._set_cur(last)
+
+    def _set_cur(self, mf) -> None:
+        self._cur = mf
+        self.limit = (mf.base + mf.size) // ENTRY_SIZE if mf is not None else 0
+
+    def ensure(self, queue_offset: int) -> None:
+        """Make sure the segment for ``queue_offset`` exists (may raise StoreFullError).
+
+        Called before the commitlog write so a full disk refuses the put cleanly.
+        """
+        cur = self._cur
+        pos = queue_offset * ENTRY_SIZE
+        if cur is not None and cur.base <= pos < cur.base + cur.size:
+            return
+        mf = self.files.find(pos)
+        if mf is None:
+            mf = self.files.create(pos - pos % self._file_bytes)
+            if len(self.files.files) == 1:
+                self.min_offset = mf.base // ENTRY_SIZE
+        self._set_cur(mf)
+
+    def put(self, queue_offset: int, phys: int, size: int, tag_hash: int) -> None:
+        pos = queue_offset * ENTRY_SIZE
+        cur = self._cur
+        if cur is None or not (cur.base <= pos < cur.base + cur.size):
+            self.ensure(queue_offset)
+            cur = self._cur
+        _pack_into(cur.mm, pos - cur.base, phys, size, tag_hash)  # type: ignore[union-attr]
+        cur.dirty = True  # type: ignore[union-attr]
+        if queue_offset >= self.max_offset:
+            self.max_offset = queue_offset + 1
+
+    def get(self, queue_offset: int, count: int) -> list[tuple[int, int, int]]:
+        """Entries [queue_offset, queue_offset+count) that exist, stopping at a segment end."""
+        out: list[tuple[int, int, int]] = []
+        end = min(queue_offset + count, self.max_offset)
+        off = queue_offset
+        while off < end:
+            mf = self.files.find(off * ENTRY_SIZE)
+            if mf is None:
+                break
+            pos = off * ENTRY_SIZE - mf.base
+            stop = min(end * ENTRY_SIZE - mf.base, mf.size)
+            mm = mf.mm
+            while pos < stop:
+                out.append(_unpack_from(mm, pos))
+                pos += ENTRY_SIZE
+            off = (mf.base + pos) // ENTRY_SIZE
+        return out
+
+    def entry(self, queue_offset: int) -> tuple[int, int, int] | None:
+        if not (self.min_offset <= queue_offset < self.max_offset):
+            return None
+        mf = self.files.find(queue_offset * ENTRY_SIZE)
+        if mf is None:
+            return None
+        return _unpack_from(mf.mm, queue_offset * ENTRY_SIZE - mf.base)
+
+    def truncate_beyond_phys(self, phys_end: int) -> None:
+        """Drop tail entries pointing at or past ``phys_end`` (torn commitlog tail)."""
+        while self.max_offset > self.min_offset:
+            e = self.entry(self.max_offset - 1)
+            if e is None or e[0] + e[1] <= phys_end:
+                break
+            mf = self.files.find((self.max_offset - 1) * ENTRY_SIZE)
+            _pack_into(mf.mm, (self.max_offset - 1) * ENTRY_SIZE - mf.base, 0, 0, 0)  # type: ignore[union-attr]
+            mf.dirty = True  # type: ignore[union-attr]
+            self.max_offset -= 1
+
+    def drop_before_phys(self, phys_min: int) -> None:
+        """Retention: delete whole segments whose every entry points below ``phys_min``."""
+        files = self.files.files
+        n = 0
+        for mf in files[:-1]:
+            last = _unpack_from(mf.mm, mf.size - ENTRY_SIZE)
+            if last[1] and last[0] < phys_min:
+                n += 1
+            else:
+                break
+        if n:
+            self.files.drop_head(n)
+            self.min_offset = self.files.files[0].base // ENTRY_SIZE
+        # entries below phys_min inside the first remaining segment are skipped lazily
+        while self.min_offset < self.max_offset:
+            e = self.entry(self.min_offset)
+            if e is None or e[0] >= phys_min:
+                break
+            self.min_offset += 1
+
+    def sync(self) -> None:
+        self.files.sync_dirty()
+
+    def close(self) -> None:
+        self.files.close()
+        self._set_cur(None)
+
+    def destroy(self) -> None:
+        self.files.destroy()
+        self._set_cur(None)
+
+
+def _safe(topic: str) -> str:
+    """Topic names may contain '/', '%' etc. (MQTT, AMQP); keep one directory per topic."""
+    out = []
+    for ch in topic:
+        if ch.isalnum() or ch in "-_.":
+            out.append(ch)
+        else:
+            out.append("%%%02X" % ord(ch) if ord(ch) < 256 else "%%u%04X" % ord(ch))
+    return "".join(out) or "%00"
+
+
+def unsafe(name: str) -> str:
+    """Inverse of :func:`_safe` for the directory names found at load time."""
+    out = []
+    i = 0
+    while i < len(name):
+        if name[i] == "%":
+            if name[i + 1] == "u":
+                out.append(chr(int(name[i + 2 : i + 6], 16)))
+                i += 6
+            else:
+                out.append(chr(int(name[i + 1 : i + 3], 16)))
+                i += 3
+        else:
+            out.append(name[i])
+            i += 1
+    return "".join(out)

@@ -1,0 +1,58 @@
+"""Typed errors of the broker core.
+
+Each error carries a stable ``code`` (named after RocketMQ 5's v2 status codes
+where one exists) so that the gateway and every adapter can translate it into
+its own protocol's error without parsing messages.
+"""
+
+from __future__ import annotations
+
+
+class UnimqError(Exception):
+    """Base of every error unimq raises on purpose."""
+
+    code: str = "INTERNAL_ERROR"
+
+    def __init__(self, message: str = "", **details: object) -> None:
+        super().__init__(message or self.code)
+        self.details = details
+
+
+class StoreFullError(UnimqError):
+    """The disk (or the configured threshold) cannot take more data; nothing was written."""
+
+    code = "STORE_FULL"
+
+
+class MessageTooLargeError(UnimqError):
+    code = "MESSAGE_BODY_TOO_LARGE"
+
+
+class StoreClosedError(UnimqError):
+    code = "SERVICE_UNAVAILABLE"
+
+
+class CorruptRecordError(UnimqError):
+    """A record failed its checksum; it is never returned to a reader."""
+
+    code = "CORRUPT_RECORD"
+
+
+class TopicNotFoundError(UnimqError):
+    code = "TOPIC_NOT_FOUND"
+
+
+class TopicExistsError(UnimqError):
+    code = "TOPIC_EXISTS"
+
+
+class BadRequestError(UnimqError):
+    code = "BAD_REQUEST"
+
+
+class IllegalFilterExpressionError(BadRequestError):
+    code = "ILLEGAL_FILTER_EXPRESSION"
+
+
+class FlushTimeoutError(UnimqError):
+    code = "MASTER_PERSISTENCE_TIMEOUT"

@@ -1,0 +1,149 @@
+"""Flushing the commitlog: periodic (async mode) or group commit (sync mode).
+
+One background thread owns every fdatasync, so the event loop never blocks on
+the disk. In sync mode a writer registers the offset its record ends at and
+waits (a thread on a condition, a coroutine on a future); the flusher syncs
+everything written so far in one fdatasync and releases every waiter it
+covers. While one fdatasync runs, new writers pile up for the next, which is
+what makes group commit scale with concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Callable
+
+
+def _resolve_all(futs: list[asyncio.Future]) -> None:
+    for f in futs:
+        if not f.done():
+            f.set_result(None)
+
+
+def _fail_all(futs: list[asyncio.Future], exc: BaseException) -> None:
+    for f in futs:
+        if not f.done():
+            f.set_exception(exc)
+
+
+class FlushService:
+    def __init__(
+        self,
+        *,
+        sync_mode: bool,
+        interval_ms: int,
+        checkpoint_interval_ms: int,
+        snapshot: Callable[[], int],
+        sync_commitlog: Callable[[], None],
+        checkpoint: Callable[[int], None],
+    ) -> None:
+        self.sync_mode = sync_mode
+        self.interval = interval_ms / 1000.0
+        self.checkpoint_interval = checkpoint_interval_ms / 1000.0
+        self._snapshot = snapshot  # commitlog write position, taken under the put lock
+        self._sync_commitlog = sync_commitlog
+        self._checkpoint = checkpoint
+        self.flushed = 0
+        self._work = threading.Event()
+        self._cv = threading.Condition()
+        self._async_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._waiter_lock = threading.Lock()
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="unimq-flush", daemon=True)
+
+    def start(self, flushed: int) -> None:
+        self.flushed = flushed
+        self._thread.start()
+
+    # -- writers -------------------------------------------------------------------
+
+    def wait(self, offset: int, timeout: float = 5.0) -> bool:
+        """Block the calling thread until ``offset`` is on disk (sync mode)."""
+        if self.flushed >= offset:
+            return True
+        self._work.set()
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self.flushed < offset:
+                if self._error is not None:
+                    raise self._error
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def future(self, offset: int) -> asyncio.Future:
+        """A future on the running loop completed once ``offset`` is on disk."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        if self.flushed >= offset:
+            fut.set_result(None)
+            return fut
+        with self._waiter_lock:
+            self._async_waiters.append((offset, loop, fut))
+        self._work.set()
+        return fut
+
+    # -- the flusher thread ---------------------------------------------------------
+
+    def _run(self) -> None:
+        last_cp = time.monotonic()
+        while True:
+            self._work.wait(self.interval if not self.sync_mode else min(self.interval, 0.05))
+            self._work.clear()
+            stop = self._stop
+            try:
+                target = self._snapshot()
+                if target > self.flushed:
+                    self._sync_commitlog()
+                    self.flushed = target
+                self._error = None
+                self._release(target)
+                now = time.monotonic()
+                if stop or now - last_cp >= self.checkpoint_interval:
+                    self._checkpoint(target)
+                    last_cp = now
+            except BaseException as e:  # a failing disk: fail the waiters, keep serving reads
+                self._error = e
+                self._fail(e)
+            if stop:
+                return
+
+    def _release(self, target: int) -> None:
+        with self._cv:
+            self._cv.notify_all()
+        if not self._async_waiters:
+            return
+        with self._waiter_lock:
+            ready = [w for w in self._async_waiters if w[0] <= target]
+            self._async_waiters = [w for w in self._async_waiters if w[0] > target]
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+        for _, loop, fut in ready:
+            by_loop.setdefault(loop, []).append(fut)
+        for loop, futs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve_all, futs)
+            except RuntimeError:  # loop closed: nobody waits any more
+                pass
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._waiter_lock:
+            waiters, self._async_waiters = self._async_waiters, []
+        for _, loop, fut in waiters:
+            try:
+                loop.call_soon_threadsafe(_fail_all, [fut], exc)
+            except RuntimeError:
+                pass
+        with self._cv:
+            self._cv.notify_all()
+
+    def stop(self) -> None:
+        """Final flush and checkpoint, then the thread ends."""
+        self._stop = True
+        self._work.set()
+        if self._thread.is_alive():
+            self._thread.join()

@@ -1,0 +1,739 @@
+"""MessageStore: CommitLog + ConsumeQueues + IndexFile, with flush, recovery and retention.
+
+This is the one place messages of every protocol are written. A put appends
+one record to the commitlog and, in the same critical section, dispatches it
+into its consume queue(s) and the key index, so a message is readable as soon
+as ``put`` returns. The record names every queue offset it was given, so all
+the indexes can be rebuilt from the commitlog after a crash.
+
+Thread model: puts hold ``_lock`` (a few microseconds each); fsync happens
+only on the flush thread; retention runs on the housekeeping thread. Reads
+take no lock: they read below the published write position.
+
+Layout of ``data_dir``::
+
+    commitlog/<20-digit base offset>     segments
+    consumequeue/<topic>/<queue>/<base>  consume queue files
+    index/<timestamp>                    index files
+    config/topics.json, config/consumer_offsets.json
+    checkpoint, abort, store_id
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Iterable, Protocol, Sequence
+
+from . import record
+from .commitlog import CommitLog
+from .config import FlushMode, StoreConfig
+from .consume_queue import ENTRY as CQ_ENTRY, ConsumeQueue, unsafe
+from .errors import (
+    BadRequestError,
+    CorruptRecordError,
+    MessageTooLargeError,
+    StoreClosedError,
+    StoreFullError,
+)
+from .flush_service import FlushService
+from .index_file import IndexService
+from .json_file import read_json, write_json_atomic
+from .model import (
+    GetResult,
+    GetStatus,
+    Message,
+    PutResult,
+    PutStatus,
+    StoredMessage,
+)
+from .offset_store import ConsumerOffsetStore
+from .topic_config import TopicConfigManager
+
+log = logging.getLogger("unimq.store")
+
+ID_VERSION = "02"  # server-assigned ids: version + store id (16 hex) + commitlog offset (16 hex)
+MAX_SCAN = 4096
+PUT_OK = PutStatus.PUT_OK
+_new_tuple = tuple.__new__  # builds PutResult without NamedTuple's Python-level __new__
+_encode = record.encode
+_cq_pack = CQ_ENTRY.pack_into  # consume-queue entries one filtered get may skip before answering
+
+
+class MessageFilter(Protocol):
+    """What ``get`` needs of a compiled consumer filter (see ``core_broker.filter``)."""
+
+    tag_hashes: frozenset[int] | None
+    matches_all: bool
+
+    def matches(self, tag: str | None, properties: dict[str, str]) -> bool: ...
+
+
+def tag_hash(tag: str | None) -> int:
+    from .filter import tag_hash as _th  # one definition shared with the filter compiler
+
+    return _th(tag) if tag else 0
+
+
+class MessageStore:
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        root = Path(config.data_dir)
+        self.root = root
+        self.commitlog = CommitLog(root / "commitlog", config.commitlog_segment_size)
+        self.index = IndexService(root / "index", config.index_slots, config.index_entries_per_file)
+        self.topics = TopicConfigManager(root / "config" / "topics.json")
+        self.offsets = ConsumerOffsetStore(root / "config" / "consumer_offsets.json")
+        self.abort_marker_path = root / "abort"
+        self.checkpoint_path = root / "checkpoint"
+        self._cq_root = root / "consumequeue"
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._lock = threading.Lock()
+        self._tag_hashes: dict[str, int] = {}
+        self.store_id = ""
+        self._id_prefix = ""
+        self._running = False
+        self._refuse_puts = False
+        self._sync = config.flush == FlushMode.SYNC
+        self._max_size = config.max_message_size
+        self._flush: FlushService | None = None
+        self._housekeeping: threading.Thread | None = None
+        self._hk_stop = threading.Event()
+        self.recovered_abnormally = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Open the store; after a crash, find the last valid record and rebuild indexes."""
+        root = self.root
+        root.mkdir(parents=True, exist_ok=True)
+        id_path = root / "store_id"
+        if id_path.exists():
+            self.store_id = id_path.read_text().strip()
+        else:
+            self.store_id = secrets.token_hex(8).upper()
+            id_path.write_text(self.store_id)
+        self._id_prefix = ID_VERSION + self.store_id
+        self.topics.load()
+        self.offsets.load()
+        self.commitlog.load()
+        self.index.load()
+        self._load_consume_queues()
+        self._recover()
+        fd = os.open(self.abort_marker_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.fsync(fd)
+        os.close(fd)
+        self._flush = FlushService(
+            sync_mode=self._sync,
+            interval_ms=self.config.flush_interval_ms,
+            checkpoint_interval_ms=self.config.checkpoint_interval_ms,
+            snapshot=self._snapshot_write_pos,
+            sync_commitlog=self.commitlog.sync,
+            checkpoint=self._checkpoint,
+        )
+        self._flush.start(self.commitlog.write_pos)
+        self._running = True
+        self._hk_stop.clear()
+        self._housekeeping = threading.Thread(target=self._housekeeping_loop, name="unimq-housekeeping", daemon=True)
+        self._housekeeping.start()
+
+    def shutdown(self) -> None:
+        """Flush everything, write a clean checkpoint, remove the abort marker."""
+        if not self._running:
+            return
+        with self._lock:
+            self._running = False
+        self._hk_stop.set()
+        if self._housekeeping is not None:
+            self._housekeeping.join()
+        if self._flush is not None:
+            self._flush.stop()
+        end = self.commitlog.write_pos
+        self._sync_indexes()
+        self.offsets.persist(force=True)
+        write_json_atomic(self.checkpoint_path, {"safe": end, "clean_end": end, "ts": int(time.time() * 1000)})
+        try:
+            os.unlink(self.abort_marker_path)
+        except FileNotFoundError:
+            pass
+        self.commitlog.close()
+        for cq in self._cqs.values():
+            cq.close()
+        self.index.close()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def _load_consume_queues(self) -> None:
+        if not self._cq_root.exists():
+            return
+        for tdir in self._cq_root.iterdir():
+            if not tdir.is_dir():
+                continue
+            topic = unsafe(tdir.name)
+            for qdir in tdir.iterdir():
+                if qdir.name.isdigit():
+                    cq = ConsumeQueue(self._cq_root, topic, int(qdir.name), self.config.cq_entries_per_file)
+                    cq.load()
+                    self._cqs[(topic, int(qdir.name))] = cq
+
+    def _recover(self) -> None:
+        cp = read_json(self.checkpoint_path, {})
+        crashed = self.abort_marker_path.exists() or "clean_end" not in cp
+        first = self.commitlog.first_record_offset()
+        if not self.commitlog.files.files:
+            self.commitlog.set_write_pos(int(cp.get("clean_end", cp.get("safe", 0))) if not crashed else 0)
+            return
+        if not crashed:
+            self.commitlog.set_write_pos(int(cp["clean_end"]))
+            return
+        self.recovered_abnormally = True
+        safe = int(cp.get("safe", first))
+        if safe < first or self.commitlog.files.find(safe) is None or not self._cq_root.exists():
+            safe = first
+        t0 = time.monotonic()
+        end = self.commitlog.scan(safe)
+        self.commitlog.truncate(end)
+        for cq in self._cqs.values():
+            cq.truncate_beyond_phys(end)
+        count = 0
+
+        def redispatch(h: record.RecordHeader) -> None:
+            nonlocal count
+            count += 1
+            self._dispatch_header(h)
+
+        self.commitlog.scan(safe, redispatch)
+        self.commitlog.sync()
+        self._sync_indexes()
+        log.warning(
+            "recovered after an unclean stop: log ends at %d, %d records re-dispatched from %d in %.3fs",
+            end, count, safe, time.monotonic() - t0,
+        )
+
+    def _dispatch_header(self, h: record.RecordHeader) -> None:
+        th = tag_hash(h.tag)
+        self._cq(h.topic, h.queue_id).put(h.queue_offset, h.phys_offset, h.size, th)
+        for topic, qid, qo in h.dispatch:
+            self._cq(topic, qid).put(qo, h.phys_offset, h.size, th)
+        if h.origin_offset < 0:
+            ts = h.store_ts
+            for k in h.keys:
+                self.index.put(f"{h.topic}#{k}", h.phys_offset, ts)
+            if h.message_id:
+                self.index.put("#id#" + h.message_id, h.phys_offset, ts)
+
+    # ------------------------------------------------------------------ flush & checkpoint
+
+    def _snapshot_write_pos(self) -> int:
+        with self._lock:
+            return self.commitlog.write_pos
+
+    def _sync_indexes(self) -> None:
+        for cq in list(self._cqs.values()):
+            cq.sync()
+        self.index.sync()
+
+    def _checkpoint(self, safe: int) -> None:
+        """Everything below ``safe`` is in the commitlog and dispatched; make that durable."""
+        self._sync_indexes()
+        write_json_atomic(self.checkpoint_path, {"safe": safe, "ts": int(time.time() * 1000)})
+
+    # ------------------------------------------------------------------ write path
+
+    def _cq(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        cq = self._cqs.get(key)
+        if cq is None:
+            cq = ConsumeQueue(self._cq_root, topic, queue_id, self.config.cq_entries_per_file)
+            self._cqs[key] = cq
+        return cq
+
+    def _tag_hash(self, tag: str | None) -> int:
+        if not tag:
+            return 0
+        h = self._tag_hashes.get(tag)
+        if h is None:
+            h = tag_hash(tag)
+            if len(self._tag_hashes) < 100_000:
+                self._tag_hashes[tag] = h
+        return h
+
+    def _put_locked(self, msg: Message, now: int) -> PutResult:
+        """Append one message and dispatch it. Caller holds ``_lock``.
+
+        Written flat on purpose: this is the hottest function of the broker, and
+        every attribute lookup and call here costs measurable throughput.
+        """
+        if not self._running:
+            raise StoreClosedError("the store is not running")
+        if self._refuse_puts:
+            raise StoreFullError("the data disk is nearly full; puts are refused until space is freed")
+        if len(msg.body) > self._max_size:
+            raise MessageTooLargeError(
+                f"message body of {len(msg.body)} bytes exceeds the limit of {self.config.max_message_size}"
+            )
+        cq = self._cqs.get((msg.topic, msg.queue_id)) or self._cq(msg.topic, msg.queue_id)
+        qo = cq.max_offset
+        if qo >= cq.limit or cq._cur is None:
+            cq.ensure(qo)  # may raise StoreFullError before anything is written
+        extra = msg.extra_dispatch
+        dispatch = b""
+        extra_offsets: tuple[int, ...] = ()
+        if extra:
+            cqs = [self._cq(t, q) for t, q in extra]
+            if len(set(extra)) != len(extra) or (msg.topic, msg.queue_id) in extra:
+                raise BadRequestError("a message is dispatched into each queue at most once")
+            extra_offsets = tuple(c.max_offset for c in cqs)
+            for c, o in zip(cqs, extra_offsets):
+                c.ensure(o)
+            dispatch = record.encode_dispatch(extra, extra_offsets)
+        cl = self.commitlog
+        pos = cl.write_pos
+        data = _encode(msg, qo, pos, now, dispatch)
+        size = len(data)
+        cur = cl.current
+        if cur is None or pos + size > cur.base + cur.size:
+            pos = cl.roll(size)
+            data = _encode(msg, qo, pos, now, dispatch)
+            cur = cl.current
+        off = pos - cur.base  # type: ignore[union-attr]
+        cur.mm[off : off + size] = data  # type: ignore[union-attr]
+        cur.dirty = True  # type: ignore[union-attr]
+        cl.write_pos = pos + size
+        tag = msg.tag
+        th = (self._tag_hashes.get(tag) or self._tag_hash(tag)) if tag else 0
+        cqf = cq._cur  # ensured above: qo falls in this file
+        _cq_pack(cqf.mm, qo * 20 - cqf.base, pos, size, th)
+        cqf.dirty = True
+        cq.max_offset = qo + 1
+        if extra:
+            for c, o in zip(cqs, extra_offsets):
+                c.put(o, pos, size, th)
+        mid = msg.message_id
+        if mid:
+            self.index.put("#id#" + mid, pos, now)
+        else:
+            mid = "%s%016X" % (self._id_prefix, pos)
+        if msg.keys:
+            topic = msg.topic
+            for k in msg.keys:
+                self.index.put(f"{topic}#{k}", pos, now)
+        return _new_tuple(PutResult, (PUT_OK, mid, msg.queue_id, qo, pos, size, extra_offsets))
+
+    def put(self, msg: Message) -> PutResult:
+        """Store one message; in sync flush mode, return only once it is on disk."""
+        now = int(time.time() * 1000)
+        with self._lock:
+            r = self._put_locked(msg, now)
+        if self._sync:
+            return self._await_flush_blocking(r)
+        return r
+
+    def _put_batch_locked(self, msgs: Sequence[Message], now: int) -> list[PutResult]:
+        """Append a batch with one copy into the segment; falls back per message when needed.
+
+        Messages with extra dispatch targets, keys or client ids take the single path
+        (they touch more indexes); plain ones are encoded back to back and copied
+        into the mapping once, which is what lets large messages approach disk speed.
+        """
+        if not self._running:
+            raise StoreClosedError("the store is not running")
+        if self._refuse_puts:
+            raise StoreFullError("the data disk is nearly full; puts are refused until space is freed")
+        results: list[PutResult] = []
+        cl = self.commitlog
+        limit = self._max_size
+        prefix = self._id_prefix
+        pending: list[bytes] = []
+        entries: list[tuple[ConsumeQueue, int, int, int, int]] = []
+        nexts: dict[ConsumeQueue, int] = {}  # next queue offset per queue within this batch
+        start = pos = cl.write_pos
+        cur = cl.current
+        end = cur.base + cur.size if cur is not None else -1
+
+        def flush_pending() -> None:
+            if pending:
+                off = start - cur.base  # type: ignore[union-attr]
+                data = b"".join(pending)
+                cur.mm[off : off + len(data)] = data  # type: ignore[union-attr]
+                cur.dirty = True  # type: ignore[union-attr]
+                cl.write_pos = start + len(data)
+                for cq, qo, p, sz, th in entries:
+                    cq.put(qo, p, sz, th)
+                pending.clear()
+                entries.clear()
+                nexts.clear()
+
+        for m in msgs:
+            if m.extra_dispatch or m.keys or m.message_id or len(m.body) > limit:
+                flush_pending()
+                results.append(self._put_locked(m, now))
+                start = pos = cl.write_pos
+                cur = cl.current
+                end = cur.base + cur.size if cur is not None else -1
+                continue
+            cq = self._cqs.get((m.topic, m.queue_id)) or self._cq(m.topic, m.queue_id)
+            qo = nexts.get(cq)
+            if qo is None:
+                qo = cq.max_offset
+            nexts[cq] = qo + 1
+            cq.ensure(qo)
+            data = _encode(m, qo, pos, now)
+            size = len(data)
+            if pos + size > end:
+                flush_pending()
+                pos = start = cl.roll(size)
+                cur = cl.current
+                end = cur.base + cur.size  # type: ignore[union-attr]
+                data = _encode(m, qo, pos, now)
+            pending.append(data)
+            tag = m.tag
+            th = (self._tag_hashes.get(tag) or self._tag_hash(tag)) if tag else 0
+            entries.append((cq, qo, pos, size, th))
+            results.append(_new_tuple(PutResult, (PUT_OK, "%s%016X" % (prefix, pos), m.queue_id, qo, pos, size, ())))
+            pos += size
+        flush_pending()
+        return results
+
+    def put_batch(self, msgs: Sequence[Message]) -> list[PutResult]:
+        """Store many messages under one lock acquisition and one flush wait."""
+        now = int(time.time() * 1000)
+        with self._lock:
+            results = self._put_batch_locked(msgs, now)
+        if self._sync and results:
+            last = results[-1]
+            if not self._flush.wait(last.commitlog_offset + last.store_size):  # type: ignore[union-attr]
+                return [r._replace(status=PutStatus.FLUSH_DISK_TIMEOUT) for r in results]
+        return results
+
+    async def put_async(self, msg: Message) -> PutResult:
+        """Event-loop variant: the write is a memcpy; in sync mode await the group commit."""
+        now = int(time.time() * 1000)
+        with self._lock:
+            r = self._put_locked(msg, now)
+        if self._sync:
+            await self._flush.future(r.commitlog_offset + r.store_size)  # type: ignore[union-attr]
+        return r
+
+    async def put_batch_async(self, msgs: Sequence[Message]) -> list[PutResult]:
+        now = int(time.time() * 1000)
+        with self._lock:
+            results = self._put_batch_locked(msgs, now)
+        if self._sync and results:
+            last = results[-1]
+            await self._flush.future(last.commitlog_offset + last.store_size)  # type: ignore[union-attr]
+        return results
+
+    def _await_flush_blocking(self, r: PutResult) -> PutResult:
+        if self._flush.wait(r.commitlog_offset + r.store_size):  # type: ignore[union-attr]
+            return r
+        return r._replace(status=PutStatus.FLUSH_DISK_TIMEOUT)
+
+    def put_link(
+        self,
+        origin_offset: int,
+        topic: str,
+        queue_id: int,
+        *,
+        properties: dict[str, str] | None = None,
+        reconsume_times: int = 0,
+        protocol: str = "internal",
+    ) -> PutResult:
+        """Dispatch an already stored message into (topic, queue) later, body not copied.
+
+        Used for delay fire, transaction commit and retry. The link record is in
+        the commitlog, so the dispatch survives a crash like any other record.
+        """
+        origin = self.commitlog.read(origin_offset)
+        merged: dict[str, str] = {}
+        lo, _ = self.commitlog.link_origin(origin_offset)
+        if lo >= 0:  # never chain links: point at the real message, keep the link's properties
+            merged.update(origin.properties)
+            origin_offset = lo
+            origin = self.commitlog.read(lo)
+        if properties:
+            merged.update(properties)
+        link = Message(
+            topic,
+            b"",
+            tag=origin.tag,
+            properties=merged,
+            born_timestamp_ms=origin.born_timestamp_ms,
+            protocol=protocol,
+            queue_id=queue_id,
+            reconsume_times=reconsume_times,
+        )
+        now = int(time.time() * 1000)
+        with self._lock:
+            if not self._running:
+                raise StoreClosedError("the store is not running")
+            cq = self._cq(topic, queue_id)
+            qo = cq.max_offset
+            cq.ensure(qo)
+            cl = self.commitlog
+            pos = cl.write_pos
+            data = record.encode(link, qo, pos, now, b"", origin_offset, origin.store_size)
+            if not cl.fits(len(data)):
+                pos = cl.roll(len(data))
+                data = record.encode(link, qo, pos, now, b"", origin_offset, origin.store_size)
+            cl.write(data)
+            cq.put(qo, pos, len(data), self._tag_hash(origin.tag))
+        mid = origin.message_id or f"{self._id_prefix}{origin_offset:016X}"
+        r = PutResult(PutStatus.PUT_OK, mid, queue_id, qo, pos, len(data))
+        if self._sync:
+            return self._await_flush_blocking(r)
+        return r
+
+    # ------------------------------------------------------------------ read path
+
+    def _materialize(self, phys: int) -> StoredMessage:
+        """Decode the record at ``phys``; follow a link to its origin message."""
+        cl = self.commitlog
+        m = cl.read(phys)
+        if m.flags & record.FLAG_LINK:
+            lo, _ = cl.link_origin(phys)
+            origin = cl.read(lo)
+            if m.properties:
+                origin.properties.update(m.properties)
+            origin.reconsume_times = m.reconsume_times
+            origin.store_timestamp_ms = m.store_timestamp_ms
+            if not origin.message_id:
+                origin.message_id = f"{self._id_prefix}{lo:016X}"
+            origin.flags |= record.FLAG_LINK
+            return origin
+        if not m.message_id:
+            m.message_id = f"{self._id_prefix}{phys:016X}"
+        return m
+
+    def get(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        msg_filter: MessageFilter | None = None,
+    ) -> GetResult:
+        """Up to ``max_count`` messages from ``offset`` of one queue, filtered server-side.
+
+        Reads are memory copies out of the page cache; a cold page may fault to
+        disk, which is why the gateway's pull path may run this on a thread.
+        """
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None or cq.max_offset == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], 0 if offset <= 0 else offset, 0, 0)
+        cl_min = self.commitlog.min_offset
+        if cq.min_offset < cq.max_offset:
+            first = cq.entry(cq.min_offset)
+            if first is not None and first[0] < cl_min:
+                cq.drop_before_phys(cl_min)
+        lo, hi = cq.min_offset, cq.max_offset
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_MOVED, [], lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, lo, hi)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, [], hi, lo, hi)
+        want_all = msg_filter is None or msg_filter.matches_all
+        hashes = None if want_all else msg_filter.tag_hashes  # type: ignore[union-attr]
+        scan = max_count if want_all else max(MAX_SCAN, max_count)
+        entries = cq.get(offset, scan)
+        out: list[StoredMessage] = []
+        next_off = offset
+        materialize = self._materialize
+        for phys, _size, th in entries:
+            q = next_off
+            next_off += 1
+            if hashes is not None and th not in hashes:
+                continue
+            try:
+                m = materialize(phys)
+            except (CorruptRecordError, ValueError):
+                continue  # removed by retention under our feet, or never valid: skip it
+            if not want_all and not msg_filter.matches(m.tag, m.properties):  # type: ignore[union-attr]
+                continue
+            m.topic = topic
+            m.queue_id = queue_id
+            m.queue_offset = q
+            out.append(m)
+            if len(out) >= max_count:
+                break
+        status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, out, next_off, lo, hi)
+
+    def read_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        """The message at one queue offset, or None if it is gone or not there yet."""
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            return None
+        e = cq.entry(offset)
+        if e is None or e[0] < self.commitlog.min_offset:
+            return None
+        try:
+            m = self._materialize(e[0])
+        except (CorruptRecordError, ValueError):
+            return None
+        m.topic, m.queue_id, m.queue_offset = topic, queue_id, offset
+        return m
+
+    def read_phys(self, phys: int) -> StoredMessage:
+        return self._materialize(phys)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        return cq.min_offset if cq else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        return cq.max_offset if cq else 0
+
+    def queue_ids(self, topic: str) -> list[int]:
+        return sorted(q for (t, q) in list(self._cqs) if t == topic)
+
+    def queue_topics(self) -> list[str]:
+        return sorted({t for (t, _) in list(self._cqs)})
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        """First queue offset whose message was stored at or after ``ts_ms`` (binary search)."""
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            m = self.read_at(topic, queue_id, mid)
+            if m is None or m.store_timestamp_ms < ts_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def query_by_id(self, message_id: str) -> StoredMessage | None:
+        """Server ids decode to their commitlog offset; client-chosen ids use the index."""
+        if len(message_id) == 34 and message_id.startswith(self._id_prefix):
+            try:
+                phys = int(message_id[18:], 16)
+                if phys >= self.commitlog.min_offset:
+                    m = self._materialize(phys)
+                    if m.message_id == message_id:
+                        return m
+            except (ValueError, CorruptRecordError):
+                return None
+            return None
+        for phys in self.index.query("#id#" + message_id, 0, 2**62, 16):
+            if phys < self.commitlog.min_offset:
+                continue
+            try:
+                m = self._materialize(phys)
+            except (ValueError, CorruptRecordError):
+                continue
+            if m.message_id == message_id:
+                return m
+        return None
+
+    def query_by_key(
+        self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 32
+    ) -> list[StoredMessage]:
+        out: list[StoredMessage] = []
+        for phys in self.index.query(f"{topic}#{key}", begin_ms, end_ms, max_count):
+            if phys < self.commitlog.min_offset:
+                continue
+            try:
+                m = self._materialize(phys)
+            except (ValueError, CorruptRecordError):
+                continue
+            if m.topic == topic and key in m.keys:
+                out.append(m)
+                if len(out) >= max_count:
+                    break
+        return out
+
+    # ------------------------------------------------------------------ admin
+
+    def delete_topic_queues(self, topic: str) -> None:
+        """Remove a topic's consume queues (its records age out with their segments)."""
+        with self._lock:
+            for key in [k for k in self._cqs if k[0] == topic]:
+                self._cqs.pop(key).destroy()
+        shutil.rmtree(self._cq_root / ConsumeQueueDir.name_of(topic), ignore_errors=True)
+        self.offsets.delete_topic(topic)
+
+    # ------------------------------------------------------------------ retention
+
+    def _housekeeping_loop(self) -> None:
+        interval = self.config.retention_check_interval_s
+        persist_every = self.config.consumer_offset_persist_interval_s
+        last_persist = time.monotonic()
+        while not self._hk_stop.wait(min(interval, persist_every)):
+            try:
+                self.run_retention()
+                if time.monotonic() - last_persist >= persist_every:
+                    self.offsets.persist()
+                    last_persist = time.monotonic()
+            except Exception:  # keep the broker serving; the next round retries
+                log.exception("housekeeping round failed")
+
+    def disk_free_ratio(self) -> float:
+        st = os.statvfs(self.root)
+        return st.f_bavail / st.f_blocks if st.f_blocks else 1.0
+
+    def run_retention(self, now: float | None = None) -> int:
+        """Delete expired (or, when the disk is low, oldest) segments; return how many."""
+        now = time.time() if now is None else now
+        free = self.disk_free_ratio()
+        self._refuse_puts = free < self.config.disk_refuse_free_ratio
+        low = free < self.config.disk_min_free_ratio
+        horizon = now - self.config.retention_hours * 3600
+        files = self.commitlog.files.files
+        n = 0
+        for mf in files[:-1]:  # never the segment being written
+            try:
+                mtime = os.stat(mf.path).st_mtime
+            except FileNotFoundError:
+                mtime = 0
+            if mtime < horizon or low:
+                n += 1
+                low = False  # under disk pressure, free one segment per round
+            else:
+                break
+        if not n:
+            return 0
+        with self._lock:
+            self.commitlog.files.drop_head(n)
+            new_min = self.commitlog.min_offset
+            for cq in list(self._cqs.values()):
+                cq.drop_before_phys(new_min)
+            self.index.drop_before_phys(new_min)
+        log.info("retention removed %d commitlog segment(s); log now starts at %d", n, new_min)
+        return n
+
+
+class ConsumeQueueDir:
+    """Directory naming of consume queues (shared with ConsumeQueue)."""
+
+    @staticmethod
+    def name_of(topic: str) -> str:
+        from .consume_queue import _safe
+
+        return _safe(topic)
+
+
+def iter_messages(store: MessageStore, topic: str, queue_id: int, start: int = 0) -> Iterable[StoredMessage]:
+    """Every message of one queue from ``start`` (tests and tools)."""
+    off = start
+    while True:
+        r = store.get(topic, queue_id, off, 256)
+        if r.status == GetStatus.OFFSET_MOVED:
+            off = r.next_offset
+            continue
+        if not r.messages and r.status != GetStatus.NO_MATCHED_MESSAGE:
+            return
+        yield from r.messages
+        off = r.next_offset

@@ -1,0 +1,265 @@
+"""CommitLog record codec (sans-io): message <-> bytes, checksummed.
+
+Layout, little-endian, every record self-describing so recovery can walk the
+log and stop at the first torn or corrupt record::
+
+    total_size u32 | magic u32 | crc32c u32      <- crc covers everything after it
+    flags u32 | queue_id i32 | queue_offset i64 | phys_offset i64
+    born_ts i64 | store_ts i64 | delivery_ts i64 | origin_offset i64 | origin_size i32
+    reconsume_times i32
+    len(topic) u16 | len(born_host) u16 | len(message_id) u16 | len(tag) u16
+    len(message_group) u16 | len(protocol) u16
+    len(keys) u32 | len(properties) u32 | len(dispatch) u32 | len(body) u32
+    topic | born_host | message_id | tag | message_group | protocol
+    keys ('\\0'-joined) | properties | dispatch | body
+
+``properties`` is a sequence of (u16 klen, u32 vlen, key, value) so any value
+survives, unlike RocketMQ's separator-joined string. ``dispatch`` lists the
+extra (topic, queue id, queue offset) a record was multi-dispatched into, so
+consume queues can be rebuilt from the log alone. A *link* record
+(``origin_offset >= 0``) carries no body: it dispatches an earlier record
+into a queue later (delay fire, transaction commit) so a body is stored once.
+A BLANK record fills the unusable tail of a segment.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Iterable
+
+from crc32c import crc32c
+
+from .errors import CorruptRecordError
+from .model import DispatchTarget, Message, StoredMessage
+
+MAGIC_MESSAGE = 0xDAA320A7
+MAGIC_BLANK = 0xCBD43194
+
+PREFIX = struct.Struct("<III")
+FIXED = struct.Struct("<IiqqqqqqiiHHHHHHIIII")
+HEADER_SIZE = PREFIX.size + FIXED.size
+_PROP = struct.Struct("<HI")
+_DISPATCH = struct.Struct("<Hiq")
+_PACK_FIXED = FIXED.pack
+_PACK_PREFIX = PREFIX.pack
+_UNPACK_FIXED = FIXED.unpack_from
+_UNPACK_PREFIX = PREFIX.unpack_from
+
+FLAG_LINK = 0x1  # record dispatches origin_offset's message, carries no body of its own
+
+
+def encode_properties(props: dict[str, str]) -> bytes:
+    if not props:
+        return b""
+    parts = []
+    for k, v in props.items():
+        kb = k.encode()
+        vb = v.encode() if isinstance(v, str) else bytes(v)
+        parts.append(_PROP.pack(len(kb), len(vb)))
+        parts.append(kb)
+        parts.append(vb)
+    return b"".join(parts)
+
+
+def decode_properties(buf: bytes) -> dict[str, str]:
+    props: dict[str, str] = {}
+    pos, end = 0, len(buf)
+    while pos < end:
+        kl, vl = _PROP.unpack_from(buf, pos)
+        pos += 6
+        k = buf[pos : pos + kl].decode()
+        pos += kl
+        props[k] = buf[pos : pos + vl].decode(errors="surrogateescape")
+        pos += vl
+    return props
+
+
+def encode_dispatch(targets: Iterable[DispatchTarget], offsets: Iterable[int]) -> bytes:
+    parts = []
+    for (topic, qid), qo in zip(targets, offsets):
+        tb = topic.encode()
+        parts.append(_DISPATCH.pack(len(tb), qid, qo))
+        parts.append(tb)
+    return b"".join(parts)
+
+
+def decode_dispatch(buf: bytes) -> list[tuple[str, int, int]]:
+    out = []
+    pos, end = 0, len(buf)
+    while pos < end:
+        tl, qid, qo = _DISPATCH.unpack_from(buf, pos)
+        pos += _DISPATCH.size
+        out.append((buf[pos : pos + tl].decode(), qid, qo))
+        pos += tl
+    return out
+
+
+def encode(
+    msg: Message,
+    queue_offset: int,
+    phys_offset: int,
+    store_ts: int,
+    dispatch: bytes = b"",
+    origin_offset: int = -1,
+    origin_size: int = 0,
+) -> bytes:
+    """Encode one record. ``msg.message_id`` is stored only when a client chose it."""
+    topic = msg.topic.encode()
+    body = msg.body
+    if not (msg.tag or msg.message_group or msg.properties or msg.keys or msg.born_host or msg.message_id or dispatch):
+        # Fast path for the common bare message: most length fields are zero.
+        proto = msg.protocol.encode()
+        tail = _PACK_FIXED(
+            msg.flags | (FLAG_LINK if origin_offset >= 0 else 0), msg.queue_id, queue_offset, phys_offset,
+            msg.born_timestamp_ms or store_ts, store_ts, msg.delivery_time_ms, origin_offset, origin_size,
+            msg.reconsume_times, len(topic), 0, 0, 0, 0, len(proto), 0, 0, 0, len(body),
+        ) + topic + proto + body
+        return _PACK_PREFIX(len(tail) + 12, MAGIC_MESSAGE, crc32c(tail)) + tail
+    host = msg.born_host.encode()
+    mid = msg.message_id.encode()
+    tag = msg.tag.encode() if msg.tag else b""
+    group = msg.message_group.encode() if msg.message_group else b""
+    proto = msg.protocol.encode()
+    keys = "\0".join(msg.keys).encode() if msg.keys else b""
+    props = encode_properties(msg.properties) if msg.properties else b""
+    flags = msg.flags | (FLAG_LINK if origin_offset >= 0 else 0)
+    fixed = _PACK_FIXED(
+        flags,
+        msg.queue_id,
+        queue_offset,
+        phys_offset,
+        msg.born_timestamp_ms or store_ts,
+        store_ts,
+        msg.delivery_time_ms,
+        origin_offset,
+        origin_size,
+        msg.reconsume_times,
+        len(topic),
+        len(host),
+        len(mid),
+        len(tag),
+        len(group),
+        len(proto),
+        len(keys),
+        len(props),
+        len(dispatch),
+        len(body),
+    )
+    tail = b"".join((fixed, topic, host, mid, tag, group, proto, keys, props, dispatch, body))
+    return _PACK_PREFIX(len(tail) + 12, MAGIC_MESSAGE, crc32c(tail)) + tail
+
+
+def encoded_size(msg: Message) -> int:
+    """Upper bound used for the size check before encoding (cheap)."""
+    return HEADER_SIZE + len(msg.topic) * 4 + len(msg.body) + 1024
+
+
+def blank(size: int) -> bytes:
+    """Filler for the end of a segment too small for the next record."""
+    return _PACK_PREFIX(size, MAGIC_BLANK, 0)
+
+
+class RecordHeader:
+    """Parsed fixed part of a record, enough to dispatch it without decoding the body."""
+
+    __slots__ = (
+        "size",
+        "flags",
+        "queue_id",
+        "queue_offset",
+        "phys_offset",
+        "store_ts",
+        "delivery_ts",
+        "origin_offset",
+        "origin_size",
+        "topic",
+        "tag",
+        "keys",
+        "message_id",
+        "dispatch",
+    )
+
+
+def check(buf, pos: int, limit: int) -> tuple[int, int]:
+    """Validate the record at ``pos``: return (kind, size); kind 0=end/invalid, 1=message, 2=blank.
+
+    Used by recovery to find the last valid record: a zero size, an unknown magic,
+    a size running past ``limit`` or a CRC mismatch all mean the log ends here.
+    """
+    if pos + 12 > limit:
+        return 0, 0
+    size, magic, crc = _UNPACK_PREFIX(buf, pos)
+    if magic == MAGIC_BLANK:
+        return (2, size) if 12 <= size <= limit - pos else (0, 0)
+    if magic != MAGIC_MESSAGE or size < HEADER_SIZE or pos + size > limit:
+        return 0, 0
+    with memoryview(buf) as mv:
+        ok = crc32c(mv[pos + 12 : pos + size]) == crc
+    return (1, size) if ok else (0, 0)
+
+
+def parse_header(buf, pos: int) -> RecordHeader:
+    """Parse a record already validated by :func:`check` (for dispatch and indexing)."""
+    size = _UNPACK_PREFIX(buf, pos)[0]
+    f = _UNPACK_FIXED(buf, pos + 12)
+    h = RecordHeader()
+    h.size = size
+    h.flags, h.queue_id, h.queue_offset, h.phys_offset = f[0], f[1], f[2], f[3]
+    h.store_ts, h.delivery_ts, h.origin_offset, h.origin_size = f[5], f[6], f[7], f[8]
+    p = pos + HEADER_SIZE
+    tl, hl, ml, gl_tag, gl, pl, kl, prl, dl = f[10], f[11], f[12], f[13], f[14], f[15], f[16], f[17], f[18]
+    h.topic = bytes(buf[p : p + tl]).decode()
+    p += tl + hl
+    h.message_id = bytes(buf[p : p + ml]).decode()
+    p += ml
+    h.tag = bytes(buf[p : p + gl_tag]).decode() if gl_tag else None
+    p += gl_tag + gl + pl
+    h.keys = bytes(buf[p : p + kl]).decode().split("\0") if kl else []
+    p += kl + prl
+    h.dispatch = decode_dispatch(bytes(buf[p : p + dl])) if dl else []
+    return h
+
+
+def decode(buf, pos: int, verify: bool = True) -> StoredMessage:
+    """Decode the full message at ``pos``; the body is copied exactly once."""
+    size, magic, crc = _UNPACK_PREFIX(buf, pos)
+    if magic != MAGIC_MESSAGE or size < HEADER_SIZE:
+        raise CorruptRecordError(f"no record at offset {pos}")
+    if verify:
+        with memoryview(buf) as mv:
+            if crc32c(mv[pos + 12 : pos + size]) != crc:
+                raise CorruptRecordError(f"checksum mismatch at offset {pos}")
+    f = _UNPACK_FIXED(buf, pos + 12)
+    m = StoredMessage.__new__(StoredMessage)
+    m.flags, m.queue_id, m.queue_offset, m.commitlog_offset = f[0], f[1], f[2], f[3]
+    m.born_timestamp_ms, m.store_timestamp_ms, m.delivery_time_ms = f[4], f[5], f[6]
+    m.reconsume_times = f[9]
+    m.store_size = size
+    p = pos + HEADER_SIZE
+    e = p + f[10]
+    m.topic = buf[p:e].decode()
+    p, e = e, e + f[11]
+    m.born_host = buf[p:e].decode()
+    p, e = e, e + f[12]
+    m.message_id = buf[p:e].decode()
+    p, e = e, e + f[13]
+    m.tag = buf[p:e].decode() if f[13] else None
+    p, e = e, e + f[14]
+    m.message_group = buf[p:e].decode() if f[14] else None
+    p, e = e, e + f[15]
+    m.protocol = buf[p:e].decode()
+    p, e = e, e + f[16]
+    m.keys = tuple(buf[p:e].decode().split("\0")) if f[16] else ()
+    p, e = e, e + f[17]
+    m.properties = decode_properties(buf[p:e]) if f[17] else {}
+    p, e = e, e + f[18]
+    m.extra_dispatch = tuple(DispatchTarget(t, q) for t, q, _ in decode_dispatch(buf[p:e])) if f[18] else ()
+    p, e = e, e + f[19]
+    m.body = buf[p:e]
+    return m
+
+
+def link_origin(buf, pos: int) -> tuple[int, int]:
+    """(origin_offset, origin_size) of a record; origin_offset is -1 for a plain message."""
+    f = _UNPACK_FIXED(buf, pos + 12)
+    return f[7], f[8]

@@ -1,0 +1,143 @@
+"""The `unimq` command line.
+
+Why argparse flags default to ``None``: a flag the user did not give must not
+override the config file, so only given flags reach ``load_settings`` as
+overrides; the real defaults live in one place, :class:`UnimqSettings`.
+
+Contract relied on by tests and later issues::
+
+    unimq up --data-dir DIR --host 127.0.0.1 --mqtt-port N --amqp-port N \\
+             --http-port N --grpc-port N --namesrv-port N --flush async|sync --config FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from core_broker.config import FlushMode, StoreConfig
+from gateway.settings import LOG_LEVELS, UnimqSettings, load_settings
+
+__all__ = ["build_parser", "main"]
+
+_DEFAULTS = UnimqSettings()
+_STORE_DEFAULTS = StoreConfig()
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 0..65535: {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser for every subcommand (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(
+        prog="unimq",
+        description="unimq: MQTT, AMQP 0-9-1, HTTP/CloudEvents and RocketMQ gRPC over one commitlog store.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    up = sub.add_parser(
+        "up",
+        help="run the broker with every door that exists",
+        description=(
+            "Run unimq: open the store, start every door, print 'unimq: <door> listening on HOST:PORT' "
+            "per door and 'unimq: ready' when GET /healthz answers 200. SIGTERM/SIGINT shut down cleanly. "
+            "Flags override the config file; a port of 0 picks a free port."
+        ),
+    )
+    up.add_argument("--config", type=Path, metavar="FILE", help="TOML config file (see README, Configuration)")
+    up.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"where the store keeps its files (default: {_STORE_DEFAULTS.data_dir})",
+    )
+    up.add_argument("--host", help=f"address every door binds to (default: {_DEFAULTS.host})")
+    for door, attr in (
+        ("mqtt", "mqtt_port"),
+        ("amqp", "amqp_port"),
+        ("http", "http_port"),
+        ("grpc", "grpc_port"),
+        ("namesrv", "namesrv_port"),
+    ):
+        up.add_argument(
+            f"--{door}-port",
+            dest=attr,
+            type=_port,
+            metavar="N",
+            help=f"{door} port, 0 = pick a free one (default: {getattr(_DEFAULTS, attr)})",
+        )
+    up.add_argument(
+        "--flush",
+        choices=[m.value for m in FlushMode],
+        help=f"async: ack from page cache; sync: ack after fsync, group commit (default: {_STORE_DEFAULTS.flush.value})",
+    )
+    up.add_argument("--log-level", choices=LOG_LEVELS, help=f"log level on stderr (default: {_DEFAULTS.log_level})")
+    return parser
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    overrides = {
+        "data_dir": args.data_dir,
+        "host": args.host,
+        "mqtt_port": args.mqtt_port,
+        "amqp_port": args.amqp_port,
+        "http_port": args.http_port,
+        "grpc_port": args.grpc_port,
+        "namesrv_port": args.namesrv_port,
+        "flush": args.flush,
+        "log_level": args.log_level,
+    }
+    try:
+        settings = load_settings(args.config, overrides)
+    except ValueError as exc:
+        print(f"unimq: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from gateway import server  # late: keeps `unimq --help` fast and free of the store
+
+    try:
+        _run_loop(server.run(settings))
+    except KeyboardInterrupt:  # Ctrl-C before our handlers were installed
+        return 130
+    except OSError as exc:  # e.g. a port already in use
+        print(f"unimq: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_loop(coro: object) -> None:
+    """Run on uvloop when installed (faster sockets), else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)  # type: ignore[arg-type]
+        return
+    uvloop.run(coro)  # type: ignore[arg-type]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `unimq` console script; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "up":
+        return _cmd_up(args)
+    raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""`unimq up`: one process, one store, many doors.
+
+Why this shape: every protocol door (HTTP/CloudEvents now; MQTT, AMQP, gRPC
+and the nameserver later) is an object with ``start() -> (host, port)`` and
+``stop()``. :func:`run` opens the store, starts the doors in order, announces
+each one on stdout, flips ``/healthz`` to ready, and on SIGTERM/SIGINT undoes
+it all in reverse, so the store is always shut down last (flushed,
+checkpointed, abort marker removed) after no door can write to it any more.
+
+Adding a door means writing a class that satisfies :class:`Door` and listing
+it in :func:`build_doors`; nothing else here changes.
+
+The stdout lines are a contract that tests and scripts parse::
+
+    unimq: http listening on 127.0.0.1:8080
+    unimq: ready
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol
+
+import uvicorn
+
+from adapters.cloudevents.http_app import create_app
+from gateway.settings import UnimqSettings
+
+log = logging.getLogger("unimq.server")
+
+__all__ = ["Door", "HttpDoor", "ServerState", "announce", "bind_socket", "build_doors", "run"]
+
+
+@dataclass
+class ServerState:
+    """What the doors share: the settings, the store, and the lifecycle phase.
+
+    ``phase`` is "starting", then "ready" once every door listens, then
+    "stopping" from the first signal on; ``/healthz`` reports it.
+    """
+
+    settings: UnimqSettings
+    store: Any = None
+    # The MessagingProcessor every adapter calls, once it exists (gateway/processor.py).
+    processor: Any = None
+    phase: str = "starting"
+    listening: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == "ready"
+
+
+class Door(Protocol):
+    """A network listener in front of the processor (one per protocol)."""
+
+    name: str
+
+    async def start(self) -> tuple[str, int]:
+        """Start listening; return the bound (host, port), the real port when 0 was asked."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop accepting, close connections; must be safe to call once after start()."""
+        ...
+
+
+def bind_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
+    """Bind and listen on (host, port) ourselves, so that port 0 yields a known real port.
+
+    Also reports a port already in use as a plain OSError here, instead of
+    letting a server library log it and call sys.exit.
+    """
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, socktype, proto, _, addr = infos[0]
+    sock = socket.socket(family, socktype, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to :func:`run`.
+
+    uvicorn's own handlers would replace ours and re-raise the signal after
+    its shutdown, killing the process before the store is flushed.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpDoor:
+    """The HTTP door: FastAPI (health, later CloudEvents) served by uvicorn on the running loop."""
+
+    name = "http"
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._server: _EmbeddedUvicorn | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> tuple[str, int]:
+        settings = self._state.settings
+        sock = bind_socket(settings.host, settings.http_port)
+        config = uvicorn.Config(
+            create_app(self._state),
+            log_level="warning",
+            log_config=None,  # keep the process's logging setup (gateway.cli) instead of uvicorn's
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+        server = _EmbeddedUvicorn(config)
+        self._server = server
+        self._task = asyncio.create_task(server.serve(sockets=[sock]), name="unimq-http")
+        while not server.started:
+            if self._task.done():
+                sock.close()
+                exc = self._task.exception() if not self._task.cancelled() else None
+                raise RuntimeError(f"http door failed to start: {exc!r}") from exc
+            await asyncio.sleep(0.01)
+        bound = sock.getsockname()
+        return bound[0], bound[1]
+
+    async def stop(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await self._task
+        except (asyncio.CancelledError, SystemExit):  # uvicorn may sys.exit on odd failures
+            pass
+
+
+def build_doors(state: ServerState) -> list[Door]:
+    """Every door that exists so far, in start order (stopped in reverse).
+
+    Later issues add: nameserver (namesrv_port), gRPC (grpc_port), MQTT
+    (mqtt_port), AMQP (amqp_port). HTTP stays last-but-one-to-stop so that
+    ``/healthz`` answers 503 while the others drain.
+    """
+    return [HttpDoor(state)]
+
+
+def announce(text: str) -> None:
+    """Print one ``unimq: ...`` contract line to stdout, flushed at once (tests wait on it)."""
+    print(f"unimq: {text}", file=sys.stdout, flush=True)
+
+
+def _format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> list[int]:
+    """Route SIGTERM/SIGINT to ``stop``; returns the signals installed (none off the main thread)."""
+    installed: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
+            continue
+        installed.append(sig)
+    return installed
+
+
+async def run(
+    settings: UnimqSettings,
+    ready_event: asyncio.Event | None = None,
+    stop_event: asyncio.Event | None = None,
+) -> None:
+    """Run unimq until SIGTERM/SIGINT (or ``stop_event``), then shut down cleanly.
+
+    ``ready_event`` is set once every door listens and ``/healthz`` answers 200;
+    ``stop_event`` lets an in-process caller (tests, embedding) stop the server
+    without signals. Returns normally after a clean shutdown; raises if start-up
+    fails, after undoing whatever had started.
+    """
+    from core_broker.message_store import MessageStore  # imported late: the store is heavy
+
+    loop = asyncio.get_running_loop()
+    stop = stop_event if stop_event is not None else asyncio.Event()
+    signals = _install_signal_handlers(loop, stop)
+    state = ServerState(settings=settings)
+    started: list[Door] = []
+    try:
+        store = await asyncio.to_thread(MessageStore, settings.store)
+        # Recovery and file I/O: off the event loop.
+        await asyncio.to_thread(store.start)
+        state.store = store
+        log.info("store started in %s (flush=%s)", settings.store.data_dir, settings.store.flush.value)
+        await asyncio.to_thread(_declare_topics, store, settings)
+        for door in build_doors(state):
+            if stop.is_set():
+                break
+            host, port = await door.start()
+            started.append(door)
+            state.listening[door.name] = (host, port)
+            announce(f"{door.name} listening on {_format_address(host, port)}")
+        if not stop.is_set():
+            state.phase = "ready"
+            announce("ready")
+            if ready_event is not None:
+                ready_event.set()
+            await stop.wait()
+        log.info("stopping")
+    finally:
+        state.phase = "stopping"
+        for door in reversed(started):
+            try:
+                await door.stop()
+            except Exception:  # keep stopping the rest: the store must still be shut down
+                log.exception("error stopping %s door", door.name)
+        if state.store is not None:
+            # Flush, checkpoint, remove the abort marker. Only after a successful start:
+            # removing the marker after a failed recovery would hide a crash.
+            await asyncio.to_thread(state.store.shutdown)
+            log.info("store shut down cleanly")
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+def _declare_topics(store: Any, settings: UnimqSettings) -> None:
+    """Create the config file's ``[[topics]]`` that the store does not have yet.
+
+    The store is the source of truth: a topic that already exists keeps its
+    queues and type (a differing type is logged, not overwritten, because
+    changing a live topic's type would break its clients). Blocking (writes
+    topics.json): call it in a worker thread.
+    """
+    from core_broker.errors import TopicExistsError
+    from core_broker.topic_config import TopicConfig
+
+    for topic in settings.topics:
+        try:
+            store.topics.create(
+                TopicConfig(name=topic.name, queues=topic.queues, message_type=topic.type), exist_ok=True
+            )
+        except TopicExistsError as exc:
+            log.warning("topic %r declared as %s in the config: %s; keeping it as it is", topic.name, topic.type.value, exc)

@@ -1,0 +1,270 @@
+"""unimq's settings: one dataclass for everything `unimq up` can be told.
+
+Why one object: the CLI flags, the TOML config file and the tests all need to
+describe the same server, and every door (HTTP, MQTT, AMQP, gRPC, nameserver)
+reads its knobs from here. The store's own knobs live in
+``core_broker.config.StoreConfig`` (the core must not import the gateway), and
+are embedded here as ``store`` so one file configures the whole process.
+
+Precedence, lowest to highest: dataclass defaults, the TOML file, CLI flags.
+Unknown keys are errors, not warnings: a misspelt knob that silently does
+nothing is worse than a server that refuses to start.
+
+TOML shape::
+
+    host = "127.0.0.1"
+    http_port = 8080
+    log_level = "info"
+
+    [store]
+    data_dir = "./unimq-data"
+    flush = "sync"
+
+    [[topics]]
+    name = "orders"
+    queues = 4
+    type = "FIFO"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import re
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from core_broker.config import FlushMode, StoreConfig
+from core_broker.model import MessageType
+
+__all__ = [
+    "LOG_LEVELS",
+    "TopicDecl",
+    "TopicType",
+    "UnimqSettings",
+    "load_settings",
+]
+
+#: The message types a topic may be declared with (RocketMQ 5's topic types).
+TopicType = MessageType
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+# The store's rule for topic names (core_broker.topic_config): 1-255 chars, no control chars.
+_TOPIC_NAME = re.compile(r"[^\x00-\x1f]{1,255}")
+
+
+@dataclass
+class TopicDecl:
+    """A topic created (if missing) at start-up, so clients need not rely on auto-creation."""
+
+    name: str
+    queues: int = 8
+    type: TopicType = TopicType.NORMAL
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _TOPIC_NAME.fullmatch(self.name):
+            raise ValueError(
+                f"topic name {self.name!r} is invalid: it must be 1 to 255 characters, none of them control characters"
+            )
+        if isinstance(self.queues, bool) or not isinstance(self.queues, int) or self.queues < 1:
+            raise ValueError(f"topic {self.name!r}: queues must be a positive integer, got {self.queues!r}")
+        self.type = _coerce_enum(TopicType, self.type, f"topic {self.name!r}: type")
+
+
+@dataclass
+class UnimqSettings:
+    """Everything one unimq process is configured with (see README, "Configuration")."""
+
+    # Address every door binds to. Loopback by default so a fresh `unimq up` is not
+    # reachable from the network by accident; use "0.0.0.0" to serve other hosts.
+    host: str = "127.0.0.1"
+    mqtt_port: int = 1883
+    amqp_port: int = 5672
+    http_port: int = 8080
+    grpc_port: int = 8081
+    namesrv_port: int = 9876
+    store: StoreConfig = field(default_factory=StoreConfig)
+    # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
+    auto_create_topics: bool = True
+    # Queues given to an auto-created topic, and to a declared topic that names none.
+    default_queue_count: int = 8
+    topics: list[TopicDecl] = field(default_factory=list)
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        for name in PORT_FIELDS:
+            port = getattr(self, name)
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise ValueError(f"{name} must be an integer in 0..65535 (0 picks a free port), got {port!r}")
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be a non-empty string, got {self.host!r}")
+        if (
+            isinstance(self.default_queue_count, bool)
+            or not isinstance(self.default_queue_count, int)
+            or self.default_queue_count < 1
+        ):
+            raise ValueError(f"default_queue_count must be a positive integer, got {self.default_queue_count!r}")
+        level = str(self.log_level).lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        self.log_level = level
+        seen: set[str] = set()
+        for topic in self.topics:
+            if topic.name in seen:
+                raise ValueError(f"topic {topic.name!r} is declared twice")
+            seen.add(topic.name)
+
+
+#: The settings that are TCP ports, one per door.
+PORT_FIELDS = ("mqtt_port", "amqp_port", "http_port", "grpc_port", "namesrv_port")
+
+# Settings that are plain scalars (everything but the [store] table and [[topics]]).
+_SETTINGS_HINTS = typing.get_type_hints(UnimqSettings)
+_STORE_HINTS = typing.get_type_hints(StoreConfig)
+_SCALAR_SETTINGS = {f.name for f in dataclasses.fields(UnimqSettings)} - {"store", "topics"}
+_STORE_FIELDS = {f.name for f in dataclasses.fields(StoreConfig)}
+_TOPIC_FIELDS = {f.name for f in dataclasses.fields(TopicDecl)}
+
+
+def load_settings(config_file: Path | None = None, overrides: Mapping[str, Any] | None = None) -> UnimqSettings:
+    """Build the settings from defaults, then a TOML file, then ``overrides`` (CLI flags).
+
+    ``overrides`` maps a setting name (``http_port``) or a store field name
+    (``data_dir``, ``flush``; ``store.<field>`` also works) to a value; ``None``
+    values are skipped so that an argparse flag left unset does not hide the
+    file's value. Raises ``ValueError`` naming the offending key for unknown
+    keys and ill-typed values, and for a file that is not valid TOML.
+    """
+    source = str(config_file) if config_file is not None else "settings"
+    raw: dict[str, Any] = {}
+    if config_file is not None:
+        path = Path(config_file).expanduser()
+        try:
+            with path.open("rb") as fh:
+                raw = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ValueError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+
+    top: dict[str, Any] = {}
+    store: dict[str, Any] = {}
+    store_raw: Any = raw.pop("store", None)
+    if store_raw is not None:
+        if not isinstance(store_raw, dict):
+            raise ValueError(f"{source}: 'store' must be a table ([store])")
+        for key, value in store_raw.items():
+            store[_check_key(key, _STORE_FIELDS, f"{source}: [store]")] = value
+    topics_raw: Any = raw.pop("topics", [])
+    if not isinstance(topics_raw, list) or not all(isinstance(t, dict) for t in topics_raw):
+        raise ValueError(f"{source}: 'topics' must be an array of tables ([[topics]])")
+    for key, value in raw.items():
+        if key not in _SCALAR_SETTINGS:
+            hint = " (it belongs in the [store] table)" if key in _STORE_FIELDS else None
+            raise ValueError(_unknown(key, _SCALAR_SETTINGS, f"{source}: top level", hint))
+        top[key] = value
+
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        name = key.removeprefix("store.")
+        if key.startswith("store.") or (name not in _SCALAR_SETTINGS and name in _STORE_FIELDS):
+            store[_check_key(name, _STORE_FIELDS, "override store")] = value
+        elif name in _SCALAR_SETTINGS:
+            top[name] = value
+        else:
+            raise ValueError(_unknown(key, _SCALAR_SETTINGS | _STORE_FIELDS, "override"))
+
+    store_kwargs = {k: _coerce(_STORE_HINTS[k], v, f"store.{k}") for k, v in store.items()}
+    top_kwargs = {k: _coerce(_SETTINGS_HINTS[k], v, k) for k, v in top.items()}
+    default_queues = top_kwargs.get("default_queue_count", UnimqSettings.default_queue_count)
+
+    topics: list[TopicDecl] = []
+    for i, table in enumerate(topics_raw):
+        where = f"{source}: topics[{i}]"
+        for key in table:
+            _check_key(key, _TOPIC_FIELDS, where)
+        if "name" not in table:
+            raise ValueError(f"{where}: a topic needs a 'name'")
+        try:
+            topics.append(
+                TopicDecl(
+                    name=table["name"],
+                    queues=table.get("queues", default_queues),
+                    type=table.get("type", TopicType.NORMAL),
+                )
+            )
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+    try:
+        store_config = StoreConfig(**store_kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: [store]: {exc}") from None
+    try:
+        return UnimqSettings(store=store_config, topics=topics, **top_kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def _check_key(key: str, allowed: set[str], where: str) -> str:
+    if key not in allowed:
+        raise ValueError(_unknown(key, allowed, where))
+    return key
+
+
+def _unknown(key: str, allowed: set[str], where: str, hint: str | None = None) -> str:
+    if hint is None:
+        close = difflib.get_close_matches(key, sorted(allowed), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{where}: unknown key {key!r}{hint}; known keys: {', '.join(sorted(allowed))}"
+
+
+def _coerce(hint: Any, value: Any, name: str) -> Any:
+    """Check a TOML/CLI value against a dataclass field's type, converting only where lossless.
+
+    Why by hand: TOML already gives typed values, so the only conversions
+    needed are str -> Path/enum and int -> float; everything else is a type
+    error reported with the knob's name rather than a confusing failure later.
+    """
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _coerce_enum(hint, value, name)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0", "on", "off"):
+            return value.lower() in ("true", "yes", "1", "on")
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    if hint is Path:
+        if isinstance(value, (str, Path)) and str(value):
+            return Path(value).expanduser()
+        raise ValueError(f"{name} must be a path string, got {value!r}")
+    return value
+
+
+def _coerce_enum(enum_type: type[enum.Enum], value: Any, name: str) -> Any:
+    if isinstance(value, enum_type):
+        return value
+    if isinstance(value, str):
+        for member in enum_type:
+            if value.lower() in (str(member.value).lower(), member.name.lower()):
+                return member
+    choices = "|".join(str(m.value) for m in enum_type)
+    raise ValueError(f"{name} must be one of {choices}, got {value!r}")
