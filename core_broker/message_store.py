@@ -390,6 +390,7 @@ class MessageStore:
             size = len(data)
             if pos + size > end:
                 flush_pending()
+                nexts[cq] = qo + 1  # flush_pending() forgot this message's reservation
                 pos = start = cl.roll(size)
                 cur = cl.current
                 end = cur.base + cur.size  # type: ignore[union-attr]
