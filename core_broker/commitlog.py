@@ -123,7 +123,9 @@ class CommitLog:
                 if pos == mf.end:
                     idx += 1
                 continue
-            if kind == 2:  # blank: the segment ends here
+            # A blank ends the segment; so does a tail under 12 bytes, which roll() leaves
+            # without a blank (no room for one) -- the log continues in the next segment.
+            if kind == 2 or (kind == 0 and mf.end - pos < 12 and idx + 1 < len(files)):
                 idx += 1
                 if idx < len(files):
                     pos = files[idx].base

@@ -52,3 +52,38 @@ class StoreConfig:
         if self.max_message_size > self.commitlog_segment_size // 2:
             self.max_message_size = self.commitlog_segment_size // 2
 
+
+
+# RocketMQ's classic delay levels, used as the back-off between pop retries.
+DEFAULT_RETRY_BACKOFF_MS = (
+    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000,
+    360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+)
+
+
+@dataclass
+class BrokerConfig:
+    """Broker-side consumption semantics: pop/retry/DLQ, timers, transactions."""
+
+    broker_name: str = "broker-a"
+    # Deliveries before a message goes to the group's dead-letter topic.
+    max_delivery_attempts: int = 16
+    # Extra delay before a message whose invisible time ran out is offered again
+    # (index = attempts so far - 1; the last value repeats).
+    retry_backoff_ms: tuple[int, ...] = DEFAULT_RETRY_BACKOFF_MS
+    # How often expired in-flight messages are looked for.
+    revive_interval_ms: int = 200
+    # A half (prepared) transaction message older than this is checked with its producer...
+    transaction_check_immunity_ms: int = 6_000
+    transaction_check_interval_ms: int = 5_000
+    # ... at most this many times, then rolled back.
+    transaction_check_max: int = 15
+    # Broker state (pop cursors, in-flight, timers, transactions) snapshot period.
+    state_snapshot_interval_s: float = 5.0
+    # Longest long-poll a pop may ask for.
+    max_long_poll_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        self.retry_backoff_ms = tuple(int(x) for x in self.retry_backoff_ms) or (0,)
+        if self.max_delivery_attempts < 1:
+            raise ValueError("max_delivery_attempts must be at least 1")

@@ -159,8 +159,12 @@ def _safe(topic: str) -> str:
         if ch.isalnum() or ch in "-_.":
             out.append(ch)
         else:
-            out.append("%%%02X" % ord(ch) if ord(ch) < 256 else "%%u%04X" % ord(ch))
-    return "".join(out) or "%00"
+            o = ord(ch)
+            out.append("%%%02X" % o if o < 256 else "%%u%04X" % o if o < 0x10000 else "%%U%08X" % o)
+    name = "".join(out)
+    if name in (".", ".."):  # would name the directory itself or its parent
+        return "%2E" * len(name)
+    return name or "%00"
 
 
 def unsafe(name: str) -> str:
@@ -172,6 +176,9 @@ def unsafe(name: str) -> str:
             if name[i + 1] == "u":
                 out.append(chr(int(name[i + 2 : i + 6], 16)))
                 i += 6
+            elif name[i + 1] == "U":  # beyond the BMP (emoji): 8 hex digits
+                out.append(chr(int(name[i + 2 : i + 10], 16)))
+                i += 10
             else:
                 out.append(chr(int(name[i + 1 : i + 3], 16)))
                 i += 3

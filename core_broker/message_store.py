@@ -46,6 +46,7 @@ from .flush_service import FlushService
 from .index_file import IndexService
 from .json_file import read_json, write_json_atomic
 from .model import (
+    DispatchTarget,
     GetResult,
     GetStatus,
     Message,
@@ -301,6 +302,8 @@ class MessageStore:
         size = len(data)
         cur = cl.current
         if cur is None or pos + size > cur.base + cur.size:
+            if size > cl.segment_size:  # huge properties: no segment can hold the record
+                raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
             pos = cl.roll(size)
             data = _encode(msg, qo, pos, now, dispatch)
             cur = cl.current
@@ -390,6 +393,8 @@ class MessageStore:
             size = len(data)
             if pos + size > end:
                 flush_pending()
+                if size > cl.segment_size:
+                    raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
                 nexts[cq] = qo + 1  # flush_pending() forgot this message's reservation
                 pos = start = cl.roll(size)
                 cur = cl.current
@@ -447,11 +452,15 @@ class MessageStore:
         properties: dict[str, str] | None = None,
         reconsume_times: int = 0,
         protocol: str = "internal",
+        extra_dispatch: Sequence[tuple[str, int]] = (),
+        wait: bool = True,
     ) -> PutResult:
         """Dispatch an already stored message into (topic, queue) later, body not copied.
 
         Used for delay fire, transaction commit and retry. The link record is in
         the commitlog, so the dispatch survives a crash like any other record.
+        ``extra_dispatch`` indexes the same link into more queues in the same
+        record; the broker uses it to journal the state change atomically with it.
         """
         origin = self.commitlog.read(origin_offset)
         merged: dict[str, str] = {}
@@ -479,19 +488,47 @@ class MessageStore:
             cq = self._cq(topic, queue_id)
             qo = cq.max_offset
             cq.ensure(qo)
+            targets = [DispatchTarget(t, q) for t, q in extra_dispatch]
+            cqs = [self._cq(t, q) for t, q in targets]
+            extra_offsets = tuple(c.max_offset for c in cqs)
+            for c, o in zip(cqs, extra_offsets):
+                c.ensure(o)
+            dispatch = record.encode_dispatch(targets, extra_offsets) if targets else b""
             cl = self.commitlog
             pos = cl.write_pos
-            data = record.encode(link, qo, pos, now, b"", origin_offset, origin.store_size)
+            data = record.encode(link, qo, pos, now, dispatch, origin_offset, origin.store_size)
             if not cl.fits(len(data)):
+                if len(data) > cl.segment_size:
+                    raise MessageTooLargeError(f"a record of {len(data)} bytes does not fit a commitlog segment")
                 pos = cl.roll(len(data))
-                data = record.encode(link, qo, pos, now, b"", origin_offset, origin.store_size)
+                data = record.encode(link, qo, pos, now, dispatch, origin_offset, origin.store_size)
             cl.write(data)
-            cq.put(qo, pos, len(data), self._tag_hash(origin.tag))
+            th = self._tag_hash(origin.tag)
+            cq.put(qo, pos, len(data), th)
+            for c, o in zip(cqs, extra_offsets):
+                c.put(o, pos, len(data), th)
         mid = origin.message_id or f"{self._id_prefix}{origin_offset:016X}"
-        r = PutResult(PutStatus.PUT_OK, mid, queue_id, qo, pos, len(data))
-        if self._sync:
+        r = PutResult(PutStatus.PUT_OK, mid, queue_id, qo, pos, len(data), extra_offsets)
+        if self._sync and wait:
             return self._await_flush_blocking(r)
         return r
+
+    async def wait_durable(self, r: PutResult) -> None:
+        """In sync flush mode, wait (without blocking the loop) until ``r`` is on disk."""
+        if self._sync:
+            await self._flush.future(r.commitlog_offset + r.store_size)  # type: ignore[union-attr]
+
+    def put_batch_nowait(self, msgs: Sequence[Message]) -> list[PutResult]:
+        """Batch write without waiting for the flush; pair with :meth:`wait_durable`."""
+        now = int(time.time() * 1000)
+        with self._lock:
+            return self._put_batch_locked(msgs, now)
+
+    def put_nowait(self, msg: Message) -> PutResult:
+        """Write without waiting for the flush; pair with :meth:`wait_durable`."""
+        now = int(time.time() * 1000)
+        with self._lock:
+            return self._put_locked(msg, now)
 
     # ------------------------------------------------------------------ read path
 
@@ -583,6 +620,12 @@ class MessageStore:
             return None
         m.topic, m.queue_id, m.queue_offset = topic, queue_id, offset
         return m
+
+    def phys_at(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """Commitlog offset of the record a queue entry points at (a link stays a link)."""
+        cq = self._cqs.get((topic, queue_id))
+        e = cq.entry(offset) if cq is not None else None
+        return None if e is None or e[0] < self.commitlog.min_offset else e[0]
 
     def read_phys(self, phys: int) -> StoredMessage:
         return self._materialize(phys)

@@ -110,7 +110,7 @@ def encode(
         # Fast path for the common bare message: most length fields are zero.
         proto = msg.protocol.encode()
         tail = _PACK_FIXED(
-            msg.flags | (FLAG_LINK if origin_offset >= 0 else 0), msg.queue_id, queue_offset, phys_offset,
+            (msg.flags & ~FLAG_LINK) | (FLAG_LINK if origin_offset >= 0 else 0), msg.queue_id, queue_offset, phys_offset,
             msg.born_timestamp_ms or store_ts, store_ts, msg.delivery_time_ms, origin_offset, origin_size,
             msg.reconsume_times, len(topic), 0, 0, 0, 0, len(proto), 0, 0, 0, len(body),
         ) + topic + proto + body
@@ -122,7 +122,9 @@ def encode(
     proto = msg.protocol.encode()
     keys = "\0".join(msg.keys).encode() if msg.keys else b""
     props = encode_properties(msg.properties) if msg.properties else b""
-    flags = msg.flags | (FLAG_LINK if origin_offset >= 0 else 0)
+    # FLAG_LINK is the store's own bit: a message read through a link carries it, and
+    # re-putting that message (a retry) must store a real record, not a broken link.
+    flags = (msg.flags & ~FLAG_LINK) | (FLAG_LINK if origin_offset >= 0 else 0)
     fixed = _PACK_FIXED(
         flags,
         msg.queue_id,
@@ -222,8 +224,10 @@ def parse_header(buf, pos: int) -> RecordHeader:
 
 def decode(buf, pos: int, verify: bool = True) -> StoredMessage:
     """Decode the full message at ``pos``; the body is copied exactly once."""
+    if pos < 0 or pos + 12 > len(buf):  # e.g. a forged id naming a segment's last bytes
+        raise CorruptRecordError(f"no record at offset {pos}")
     size, magic, crc = _UNPACK_PREFIX(buf, pos)
-    if magic != MAGIC_MESSAGE or size < HEADER_SIZE:
+    if magic != MAGIC_MESSAGE or size < HEADER_SIZE or pos + size > len(buf):
         raise CorruptRecordError(f"no record at offset {pos}")
     if verify:
         with memoryview(buf) as mv:

@@ -152,8 +152,8 @@ def build_doors(state: ServerState) -> list[Door]:
     """Every door that exists so far, in start order (stopped in reverse).
 
     Later issues add: nameserver (namesrv_port), gRPC (grpc_port), MQTT
-    (mqtt_port), AMQP (amqp_port). HTTP stays last-but-one-to-stop so that
-    ``/healthz`` answers 503 while the others drain.
+    (mqtt_port), AMQP (amqp_port), after HTTP. HTTP starts first so it stops
+    last: ``/healthz`` keeps answering (503, "stopping") while the others drain.
     """
     return [HttpDoor(state)]
 
@@ -191,7 +191,8 @@ async def run(
     without signals. Returns normally after a clean shutdown; raises if start-up
     fails, after undoing whatever had started.
     """
-    from core_broker.message_store import MessageStore  # imported late: the store is heavy
+    from gateway.deployment import merged_processor  # imported late: the store is heavy
+    from gateway.processor import ProcessorConfig
 
     loop = asyncio.get_running_loop()
     stop = stop_event if stop_event is not None else asyncio.Event()
@@ -199,12 +200,21 @@ async def run(
     state = ServerState(settings=settings)
     started: list[Door] = []
     try:
-        store = await asyncio.to_thread(MessageStore, settings.store)
-        # Recovery and file I/O: off the event loop.
-        await asyncio.to_thread(store.start)
-        state.store = store
+        processor = merged_processor(
+            settings.store,
+            settings.broker,
+            ProcessorConfig(
+                auto_create_topics=settings.auto_create_topics,
+                default_queue_count=settings.default_queue_count,
+                max_message_size=settings.store.max_message_size,
+            ),
+        )
+        # Recovery and file I/O run on a worker thread inside start().
+        await processor.start()
+        state.processor = processor
+        state.store = processor.broker.broker.store  # type: ignore[attr-defined]
         log.info("store started in %s (flush=%s)", settings.store.data_dir, settings.store.flush.value)
-        await asyncio.to_thread(_declare_topics, store, settings)
+        await asyncio.to_thread(_declare_topics, state.store, settings)
         for door in build_doors(state):
             if stop.is_set():
                 break
@@ -226,10 +236,11 @@ async def run(
                 await door.stop()
             except Exception:  # keep stopping the rest: the store must still be shut down
                 log.exception("error stopping %s door", door.name)
-        if state.store is not None:
-            # Flush, checkpoint, remove the abort marker. Only after a successful start:
-            # removing the marker after a failed recovery would hide a crash.
-            await asyncio.to_thread(state.store.shutdown)
+        if state.processor is not None:
+            # Broker state snapshot, then the store: flush, checkpoint, remove the abort
+            # marker. Only after a successful start: removing the marker after a failed
+            # recovery would hide a crash.
+            await state.processor.stop()
             log.info("store shut down cleanly")
         for sig in signals:
             loop.remove_signal_handler(sig)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from core_broker.config import FlushMode, StoreConfig
+from core_broker.config import BrokerConfig, FlushMode, StoreConfig
 from core_broker.model import MessageType
 
 __all__ = [
@@ -89,6 +89,8 @@ class UnimqSettings:
     grpc_port: int = 8081
     namesrv_port: int = 9876
     store: StoreConfig = field(default_factory=StoreConfig)
+    # Consumption semantics: retries, dead letters, timers, transactions ([broker] table).
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
     # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
     # Queues given to an auto-created topic, and to a declared topic that names none.
@@ -126,7 +128,9 @@ PORT_FIELDS = ("mqtt_port", "amqp_port", "http_port", "grpc_port", "namesrv_port
 # Settings that are plain scalars (everything but the [store] table and [[topics]]).
 _SETTINGS_HINTS = typing.get_type_hints(UnimqSettings)
 _STORE_HINTS = typing.get_type_hints(StoreConfig)
-_SCALAR_SETTINGS = {f.name for f in dataclasses.fields(UnimqSettings)} - {"store", "topics"}
+_BROKER_HINTS = typing.get_type_hints(BrokerConfig)
+_BROKER_FIELDS = {f.name for f in dataclasses.fields(BrokerConfig)}
+_SCALAR_SETTINGS = {f.name for f in dataclasses.fields(UnimqSettings)} - {"store", "topics", "broker"}
 _STORE_FIELDS = {f.name for f in dataclasses.fields(StoreConfig)}
 _TOPIC_FIELDS = {f.name for f in dataclasses.fields(TopicDecl)}
 
@@ -160,6 +164,13 @@ def load_settings(config_file: Path | None = None, overrides: Mapping[str, Any] 
             raise ValueError(f"{source}: 'store' must be a table ([store])")
         for key, value in store_raw.items():
             store[_check_key(key, _STORE_FIELDS, f"{source}: [store]")] = value
+    broker: dict[str, Any] = {}
+    broker_raw: Any = raw.pop("broker", None)
+    if broker_raw is not None:
+        if not isinstance(broker_raw, dict):
+            raise ValueError(f"{source}: 'broker' must be a table ([broker])")
+        for key, value in broker_raw.items():
+            broker[_check_key(key, _BROKER_FIELDS, f"{source}: [broker]")] = value
     topics_raw: Any = raw.pop("topics", [])
     if not isinstance(topics_raw, list) or not all(isinstance(t, dict) for t in topics_raw):
         raise ValueError(f"{source}: 'topics' must be an array of tables ([[topics]])")
@@ -207,7 +218,13 @@ def load_settings(config_file: Path | None = None, overrides: Mapping[str, Any] 
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{source}: [store]: {exc}") from None
     try:
-        return UnimqSettings(store=store_config, topics=topics, **top_kwargs)
+        broker_config = BrokerConfig(
+            **{k: _coerce(_BROKER_HINTS[k], v, f"broker.{k}") for k, v in broker.items()}
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: [broker]: {exc}") from None
+    try:
+        return UnimqSettings(store=store_config, broker=broker_config, topics=topics, **top_kwargs)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{source}: {exc}") from None
 

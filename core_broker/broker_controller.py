@@ -1,0 +1,377 @@
+"""BrokerController: one broker — the store plus the services that give it RocketMQ 5 semantics.
+
+It is the boundary the gateway's broker client talks to: in merged mode by
+in-process calls, in separated mode over RPC. Every method speaks domain types
+only. All state outside the store is owned by the event loop the broker was
+started on; store writes are memory copies, and fsync waits are awaited, never
+blocked on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from .config import BrokerConfig, StoreConfig
+from .errors import BadRequestError, TopicNotFoundError
+from .filter import compile_filter
+from .journal import Journal
+from .json_file import read_json, write_json_atomic
+from .message_store import MessageStore
+from .model import FilterExpression, GetResult, GetStatus, Message, MessageType, PutResult, StoredMessage
+from .pop_service import PoppedMessage, PopService
+from .system_topics import (
+    DLQ_PREFIX,
+    P_REAL_TOPIC,
+    RETRY_PREFIX,
+    is_system_topic,
+    public_properties,
+    retry_topic,
+)
+from .timer_service import TimerService
+from .topic_config import TopicConfig
+from .transaction_service import TransactionChecker, TransactionService
+
+log = logging.getLogger("unimq.broker")
+
+# A delivery time closer than this is delivered at once (clock granularity).
+DELAY_THRESHOLD_MS = 50
+
+
+@dataclass
+class QueueStats:
+    queue_id: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass
+class TopicStats:
+    config: TopicConfig
+    queues: list[QueueStats]
+
+
+class BrokerController:
+    def __init__(self, store_config: StoreConfig, config: BrokerConfig | None = None) -> None:
+        self.config = config or BrokerConfig()
+        self.name = self.config.broker_name
+        self.store = MessageStore(store_config)
+        self.journal = Journal(self.store)
+        self.timers = TimerService(self.store, self.journal, self.notify)
+        self.transactions = TransactionService(self.store, self.journal, self.config, self.notify)
+        self.pops = PopService(self.store, self.journal, self.timers, self.config, self.notify, self.ensure_system_topic)
+        self._state_path = store_config.data_dir / "config" / "broker_state.json"
+        self._waiters: dict[str, set[asyncio.Future]] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._rr: dict[tuple[str, str], int] = {}
+        self.started = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.store.start)
+        state = await asyncio.to_thread(read_json, self._state_path, {})
+        self.pops.load(state.get("pop"))
+        self.timers.tracker = type(self.timers.tracker).from_json(state.get("timer"))
+        self.transactions.load(state.get("txn"))
+        replayed = 0
+        for op, data in self.journal.replay(int(state.get("journal", 0))):
+            self.pops.apply(op, data)
+            self.timers.apply(op, data)
+            self.transactions.apply(op, data)
+            replayed += 1
+        self.timers.rebuild()
+        self.transactions.rebuild()
+        self.pops.rebuild_heap()
+        if replayed:
+            log.info("replayed %d journal entries", replayed)
+        loop = asyncio.get_running_loop()
+        self.timers.start()
+        self.transactions.start()
+        self._tasks = [
+            loop.create_task(self._revive_loop(), name="unimq-revive"),
+            loop.create_task(self._snapshot_loop(), name="unimq-snapshot"),
+        ]
+        self.started = True
+
+    async def stop(self) -> None:
+        if not self.started:
+            return
+        self.started = False
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+        await self.timers.stop()
+        await self.transactions.stop()
+        for futs in self._waiters.values():
+            for f in futs:
+                if not f.done():
+                    f.set_result(None)
+        await self.write_snapshot()
+        await asyncio.to_thread(self.store.shutdown)
+
+    def _snapshot(self) -> dict:
+        self.pops.commit_floors()
+        return {
+            "journal": self.journal.next_offset,
+            "pop": self.pops.snapshot(),
+            "timer": self.timers.tracker.to_json(),
+            "txn": self.transactions.snapshot(),
+            "ts": int(time.time() * 1000),
+        }
+
+    async def write_snapshot(self) -> None:
+        # Built on the loop (consistent with the journal offset it names), written on a thread.
+        snap = self._snapshot()
+        await asyncio.to_thread(write_json_atomic, self._state_path, snap)
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.state_snapshot_interval_s)
+            try:
+                await self.write_snapshot()
+            except Exception:
+                log.exception("broker state snapshot failed")
+
+    async def _revive_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.revive_interval_ms / 1000.0)
+            try:
+                self.pops.revive_due()
+            except Exception:
+                log.exception("revive round failed")
+
+    # ------------------------------------------------------------------ arrivals (long polling)
+
+    def notify(self, topic: str) -> None:
+        futs = self._waiters.pop(topic, None)
+        if futs:
+            for f in futs:
+                if not f.done():
+                    f.set_result(None)
+
+    async def _wait_arrival(self, topics: Sequence[str], timeout: float) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        for t in topics:
+            self._waiters.setdefault(t, set()).add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            for t in topics:
+                s = self._waiters.get(t)
+                if s is not None:
+                    s.discard(fut)
+                    if not s:
+                        self._waiters.pop(t, None)
+
+    # ------------------------------------------------------------------ topics
+
+    def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
+        return self.store.topics.create(tc, exist_ok=exist_ok)
+
+    def update_topic(self, tc: TopicConfig) -> TopicConfig:
+        return self.store.topics.update(tc)
+
+    def delete_topic(self, name: str) -> None:
+        self.store.topics.delete(name)
+        self.store.delete_topic_queues(name)
+        self.pops.drop_group_topic(name)
+
+    def get_topic(self, name: str) -> TopicConfig | None:
+        return self.store.topics.get(name)
+
+    def list_topics(self, include_system: bool = False) -> list[TopicConfig]:
+        return [t for t in self.store.topics.topics.values() if include_system or not is_system_topic(t.name)]
+
+    def describe_topic(self, name: str) -> TopicStats:
+        tc = self.store.topics.require(name)
+        qs = [
+            QueueStats(q, self.store.min_offset(name, q), self.store.max_offset(name, q)) for q in range(tc.queues)
+        ]
+        return TopicStats(tc, qs)
+
+    def ensure_system_topic(self, name: str) -> None:
+        if self.store.topics.get(name) is None:
+            self.store.topics.create(TopicConfig(name, queues=1, system=True), exist_ok=True)
+
+    # ------------------------------------------------------------------ produce
+
+    async def send(
+        self, msgs: Sequence[Message], *, transactional: bool = False, producer_group: str = ""
+    ) -> list[tuple[PutResult, str | None]]:
+        """Store messages whose queue the caller chose. Returns (result, transaction id)."""
+        now = int(time.time() * 1000)
+        out: list[tuple[PutResult, str | None]] = []
+        plain: list[Message] = []
+        last: PutResult | None = None
+        for m in msgs:
+            if transactional:
+                r, tid = self.transactions.prepare(m, producer_group)
+                out.append((r, tid))
+                last = r
+            elif m.delivery_time_ms > now + DELAY_THRESHOLD_MS:
+                r = self.timers.schedule(m, m.delivery_time_ms)
+                out.append((r, None))
+                last = r
+            else:
+                plain.append(m)
+                out.append((None, None))  # type: ignore[arg-type]
+        if plain:
+            results = self.store.put_batch_nowait(plain) if len(plain) > 1 else [self.store.put_nowait(plain[0])]
+            it = iter(results)
+            out = [(next(it), None) if r is None else (r, t) for r, t in out]
+            last = max((r for r, _ in out), key=lambda r: r.commitlog_offset + r.store_size)
+            for m in plain:
+                self.notify(m.topic)
+        if last is not None:
+            await self.store.wait_durable(last)
+        return out
+
+    async def end_transaction(self, transaction_id: str, commit: bool, source: str = "client") -> None:
+        r = self.transactions.end(transaction_id, commit, source)
+        if r is not None:
+            await self.store.wait_durable(r)
+
+    def set_transaction_checker(self, checker: TransactionChecker | None) -> None:
+        self.transactions.checker = checker
+
+    # ------------------------------------------------------------------ pop consumption
+
+    def _pop_queues(self, group: str, topic: str, tc: TopicConfig) -> list[tuple[str, int]]:
+        key = (group, topic)
+        n = tc.queues
+        start = self._rr.get(key, 0)
+        self._rr[key] = (start + 1) % max(n, 1)
+        queues = [(topic, (start + i) % n) for i in range(n)]
+        if tc.message_type != MessageType.FIFO and not topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
+            rt = retry_topic(group, topic)
+            if self.store.topics.get(rt) is not None:
+                # retries first on alternate rounds so they are not starved by a busy topic
+                queues = [(rt, 0)] + queues if start % 2 == 0 else queues + [(rt, 0)]
+        return queues
+
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        max_count: int,
+        invisible_ms: int,
+        filter_expression: FilterExpression | None = None,
+        wait_ms: int = 0,
+        from_latest: bool = False,
+        fifo: bool | None = None,
+    ) -> list[PoppedMessage]:
+        tc = self.store.topics.get(topic)
+        if tc is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        if max_count < 1 or max_count > 1024:
+            raise BadRequestError("max_count must be between 1 and 1024")
+        if invisible_ms < 0:
+            raise BadRequestError("invisible time must not be negative")
+        flt = None
+        if filter_expression is not None and not filter_expression.matches_all:
+            flt = compile_filter(filter_expression)
+        is_fifo = tc.message_type == MessageType.FIFO if fifo is None else fifo
+        wait_ms = min(max(wait_ms, 0), self.config.max_long_poll_ms)
+        deadline = time.monotonic() + wait_ms / 1000.0
+        while True:
+            msgs, last = self.pops.pop(
+                group, self._pop_queues(group, topic, tc), max_count, invisible_ms, flt, is_fifo, from_latest
+            )
+            if msgs or time.monotonic() >= deadline:
+                break
+            left = deadline - time.monotonic()
+            # wake on arrival; re-poll at least every 500 ms (retries and in-place FIFO redelivery)
+            await self._wait_arrival((topic, retry_topic(group, topic)), min(left, 0.5))
+        for p in msgs:
+            p.message.properties = public_properties(p.message.properties)
+        return msgs
+
+    async def ack(self, group: str, receipt_handle: str) -> None:
+        r = self.pops.ack(group, receipt_handle)
+        await self.store.wait_durable(r)
+
+    async def change_invisible(self, group: str, receipt_handle: str, invisible_ms: int) -> tuple[str, int]:
+        if invisible_ms < 0:
+            raise BadRequestError("invisible time must not be negative")
+        handle, visible_at, r = self.pops.change_invisible(group, receipt_handle, invisible_ms)
+        await self.store.wait_durable(r)
+        return handle, visible_at
+
+    async def forward_to_dlq(self, group: str, receipt_handle: str) -> None:
+        r = self.pops.forward_to_dlq(group, receipt_handle)
+        await self.store.wait_durable(r)
+
+    # ------------------------------------------------------------------ pull consumption
+
+    async def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        filter_expression: FilterExpression | None = None,
+        wait_ms: int = 0,
+    ) -> GetResult:
+        tc = self.store.topics.get(topic)
+        if tc is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        if not 0 <= queue_id < tc.queues:
+            raise BadRequestError(f"topic {topic!r} has no queue {queue_id}")
+        if max_count < 1:
+            raise BadRequestError("max_count must be positive")
+        flt = None
+        if filter_expression is not None and not filter_expression.matches_all:
+            flt = compile_filter(filter_expression)
+        deadline = time.monotonic() + min(max(wait_ms, 0), self.config.max_long_poll_ms) / 1000.0
+        while True:
+            r = self.store.get(topic, queue_id, offset, max_count, flt)
+            caught_up = r.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
+            if not caught_up or time.monotonic() >= deadline:
+                break
+            await self._wait_arrival((topic,), min(deadline - time.monotonic(), 0.5))
+        for m in r.messages:
+            m.properties = public_properties(m.properties)
+        return r
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        if offset < 0:
+            raise BadRequestError("offset must not be negative")
+        self.store.offsets.commit(group, topic, queue_id, offset)
+
+    def get_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self.store.offsets.get(group, topic, queue_id)
+
+    def query_offset(self, topic: str, queue_id: int, policy: str = "end", timestamp_ms: int = 0) -> int:
+        """'begin' (earliest retained), 'end' (next to be written) or 'timestamp'."""
+        if policy == "begin":
+            return self.store.min_offset(topic, queue_id)
+        if policy == "end":
+            return self.store.max_offset(topic, queue_id)
+        if policy == "timestamp":
+            return self.store.offset_for_timestamp(topic, queue_id, timestamp_ms)
+        raise BadRequestError(f"unknown offset policy {policy!r}")
+
+    # ------------------------------------------------------------------ query
+
+    def query_by_id(self, message_id: str) -> StoredMessage | None:
+        m = self.store.query_by_id(message_id)
+        if m is not None:
+            m.topic = m.properties.get(P_REAL_TOPIC, m.topic)  # still waiting in the timer/half queue
+            m.properties = public_properties(m.properties)
+        return m
+
+    def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 32):
+        out = self.store.query_by_key(topic, key, begin_ms, end_ms, max_count)
+        for m in out:
+            m.properties = public_properties(m.properties)
+        return out

@@ -1,0 +1,408 @@
+"""PopService: message-level load balancing (RocketMQ 5 "pop" consumption).
+
+Per (consumer group, topic, queue) a cursor remembers the next offset never
+delivered, the messages in flight (hidden until their invisible time, each
+with its delivery attempt and a receipt version), and, for FIFO topics, the
+messages waiting because an earlier message of their message group is still
+in flight. Every change is journaled (see ``journal.py``) and the whole table
+is snapshotted, so an un-acked message comes back after a restart and an
+acked one does not.
+
+Normal topics: an expired in-flight message is moved (a link, body not copied)
+to the group's retry topic after the back-off for its attempt, and after
+``max_delivery_attempts`` to the group's dead-letter topic. FIFO topics: an
+expired message is redelivered in place, so a message group never overtakes
+itself; the next message of a group is not delivered before the previous one
+is acked or dead-lettered, while other groups go on in parallel.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Callable, NamedTuple
+
+from .config import BrokerConfig
+from .journal import Journal
+from .message_store import MessageFilter, MessageStore
+from .model import GetStatus, PutResult, StoredMessage
+from .receipt import InvalidReceiptHandleError, ReceiptHandle
+from .system_topics import P_ORIGIN_TOPIC, dlq_topic, is_system_topic, retry_topic
+from .timer_service import TimerService
+
+WAITING_LIMIT = 2048  # FIFO: messages parked behind busy groups before the queue stops advancing
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Inflight:
+    __slots__ = ("visible_at", "attempt", "version", "mgroup")
+
+    def __init__(self, visible_at: int, attempt: int, version: int, mgroup: str | None) -> None:
+        self.visible_at = visible_at
+        self.attempt = attempt
+        self.version = version
+        self.mgroup = mgroup
+
+
+class Cursor:
+    __slots__ = ("next", "inflight", "waiting", "fifo")
+
+    def __init__(self, next_offset: int, fifo: bool) -> None:
+        self.next = next_offset
+        self.inflight: dict[int, Inflight] = {}
+        self.waiting: dict[int, str] = {}  # FIFO only: offset -> message group
+        self.fifo = fifo
+
+    def floor(self) -> int:
+        """Lowest offset not yet done: what the group's committed offset can safely be."""
+        f = self.next
+        if self.inflight:
+            f = min(f, min(self.inflight))
+        if self.waiting:
+            f = min(f, min(self.waiting))
+        return f
+
+
+class PoppedMessage(NamedTuple):
+    message: StoredMessage
+    receipt_handle: str
+    delivery_attempt: int
+    invisible_until_ms: int
+
+
+Key = tuple[str, str, int]  # (group, topic, queue id)
+
+
+class PopService:
+    def __init__(
+        self,
+        store: MessageStore,
+        journal: Journal,
+        timers: TimerService,
+        config: BrokerConfig,
+        notify: Callable[[str], None],
+        ensure_topic: Callable[[str], None],
+    ) -> None:
+        self.store = store
+        self.journal = journal
+        self.timers = timers
+        self.config = config
+        self.notify = notify
+        self.ensure_topic = ensure_topic
+        self.cursors: dict[Key, Cursor] = {}
+        self._heap: list[tuple[int, str, str, int, int, int]] = []  # visible_at, g, t, q, offset, version
+        self.broker = config.broker_name
+
+    # -- cursors -------------------------------------------------------------------
+
+    def cursor(self, group: str, topic: str, queue_id: int, fifo: bool, from_latest: bool = False) -> Cursor:
+        key = (group, topic, queue_id)
+        c = self.cursors.get(key)
+        if c is None:
+            committed = self.store.offsets.get(group, topic, queue_id)
+            if committed is not None:
+                start = committed
+            elif from_latest:
+                start = self.store.max_offset(topic, queue_id)
+            else:
+                start = self.store.min_offset(topic, queue_id)
+            c = self.cursors[key] = Cursor(start, fifo)
+        return c
+
+    # -- pop -----------------------------------------------------------------------
+
+    def pop(
+        self,
+        group: str,
+        queues: list[tuple[str, int]],
+        max_count: int,
+        invisible_ms: int,
+        msg_filter: MessageFilter | None,
+        fifo: bool,
+        from_latest: bool = False,
+    ) -> tuple[list[PoppedMessage], PutResult | None]:
+        """Take up to ``max_count`` messages from ``queues`` (rotating start); no waiting."""
+        out: list[PoppedMessage] = []
+        last: PutResult | None = None
+        now = now_ms()
+        visible_at = now + invisible_ms
+        for topic, qid in queues:
+            need = max_count - len(out)
+            if need <= 0:
+                break
+            c = self.cursor(group, topic, qid, fifo, from_latest)
+            if c.fifo:
+                got, r = self._pop_fifo(group, topic, qid, c, need, visible_at, now, msg_filter)
+            else:
+                got, r = self._pop_normal(group, topic, qid, c, need, visible_at, msg_filter)
+            out.extend(got)
+            last = r or last
+        return out, last
+
+    def _deliver(
+        self, group: str, topic: str, qid: int, m: StoredMessage, inf: Inflight
+    ) -> PoppedMessage:
+        rh = ReceiptHandle(self.broker, topic, qid, m.queue_offset, inf.version, inf.visible_at).encode()
+        heapq.heappush(self._heap, (inf.visible_at, group, topic, qid, m.queue_offset, inf.version))
+        origin = m.properties.get(P_ORIGIN_TOPIC)
+        if origin and topic.startswith("%RETRY%"):
+            m.topic = origin  # a retried message is delivered as a message of its own topic
+        m.reconsume_times = inf.attempt - 1
+        return PoppedMessage(m, rh, inf.attempt, inf.visible_at)
+
+    def _pop_normal(self, group, topic, qid, c: Cursor, need, visible_at, msg_filter):
+        start = c.next
+        r = self.store.get(topic, qid, c.next, need, msg_filter)
+        if r.status == GetStatus.OFFSET_MOVED:
+            c.next = r.next_offset
+            r = self.store.get(topic, qid, c.next, need, msg_filter)
+        elif r.status == GetStatus.OFFSET_OVERFLOW_BADLY:
+            c.next = r.next_offset
+        out = []
+        entries = []
+        for m in r.messages:
+            inf = Inflight(visible_at, m.reconsume_times + 1, 1, None)
+            c.inflight[m.queue_offset] = inf
+            out.append(self._deliver(group, topic, qid, m, inf))
+            entries.append([m.queue_offset, inf.attempt, 1, None])
+        if r.messages or r.status == GetStatus.NO_MATCHED_MESSAGE:
+            c.next = max(c.next, r.next_offset)
+        if c.next == start and not entries:
+            return out, None
+        return out, self.journal.append("pop", {"g": group, "t": topic, "q": qid, "n": c.next, "v": visible_at, "m": entries})
+
+    def _pop_fifo(self, group, topic, qid, c: Cursor, need, visible_at, now, msg_filter):
+        out: list[PoppedMessage] = []
+        entries: list[list] = []
+        parked: list[list] = []
+        blocked = {inf.mgroup for inf in c.inflight.values() if inf.visible_at > now}
+        start = c.next
+
+        def take(m: StoredMessage, inf: Inflight) -> None:
+            out.append(self._deliver(group, topic, qid, m, inf))
+            entries.append([m.queue_offset, inf.attempt, inf.version, inf.mgroup])
+            blocked.add(inf.mgroup)
+
+        # 1. in-flight messages whose invisible time ran out come back first, in place
+        for off in sorted(o for o, inf in c.inflight.items() if inf.visible_at <= now):
+            if len(out) >= need:
+                break
+            inf = c.inflight[off]
+            if inf.mgroup in blocked or inf.attempt >= self.config.max_delivery_attempts:
+                continue  # exhausted ones are dead-lettered by revive()
+            m = self.store.read_at(topic, qid, off)
+            if m is None:
+                del c.inflight[off]
+                continue
+            inf.attempt += 1
+            inf.version += 1
+            inf.visible_at = visible_at
+            take(m, inf)
+        # 2. messages parked behind a busy group, oldest first
+        for off in sorted(c.waiting):
+            if len(out) >= need:
+                break
+            g = c.waiting[off]
+            if g in blocked:
+                continue
+            m = self.store.read_at(topic, qid, off)
+            del c.waiting[off]
+            if m is None:
+                continue
+            inf = c.inflight[off] = Inflight(visible_at, m.reconsume_times + 1, 1, g)
+            take(m, inf)
+        # 3. new messages
+        while len(out) < need and len(c.waiting) < WAITING_LIMIT:
+            r = self.store.get(topic, qid, c.next, 32, msg_filter)
+            if r.status in (GetStatus.OFFSET_MOVED, GetStatus.OFFSET_OVERFLOW_BADLY):
+                c.next = r.next_offset
+                continue
+            if not r.messages:
+                if r.status == GetStatus.NO_MATCHED_MESSAGE:
+                    c.next = max(c.next, r.next_offset)
+                    if r.next_offset < r.max_offset:
+                        continue
+                break
+            stopped = False
+            for m in r.messages:
+                g = m.message_group or ""
+                if g in blocked:
+                    c.waiting[m.queue_offset] = g
+                    parked.append([m.queue_offset, g])
+                else:
+                    inf = c.inflight[m.queue_offset] = Inflight(visible_at, m.reconsume_times + 1, 1, g)
+                    take(m, inf)
+                c.next = m.queue_offset + 1
+                if len(out) >= need or len(c.waiting) >= WAITING_LIMIT:
+                    stopped = True
+                    break
+            if not stopped:
+                c.next = max(c.next, r.next_offset)
+        if not entries and not parked and c.next == start:
+            return out, None
+        return out, self.journal.append(
+            "pop", {"g": group, "t": topic, "q": qid, "n": c.next, "v": visible_at, "m": entries, "w": parked}
+        )
+
+    # -- ack / change invisible / dead letter ------------------------------------------
+
+    def _inflight(self, group: str, rh: ReceiptHandle) -> tuple[Cursor, Inflight]:
+        c = self.cursors.get((group, rh.topic, rh.queue_id))
+        inf = c.inflight.get(rh.offset) if c is not None else None
+        if inf is None or inf.version != rh.version:
+            raise InvalidReceiptHandleError(
+                "receipt handle is expired or was already used (the message was acked, redelivered or re-hidden)"
+            )
+        return c, inf  # type: ignore[return-value]
+
+    def ack(self, group: str, receipt_handle: str) -> PutResult:
+        rh = ReceiptHandle.decode(receipt_handle)
+        c, inf = self._inflight(group, rh)
+        if inf.visible_at <= now_ms() and not c.fifo:
+            # expired but not yet revived: still accept, the revive will find it gone
+            pass
+        del c.inflight[rh.offset]
+        return self.journal.append("ack", {"g": group, "t": rh.topic, "q": rh.queue_id, "o": rh.offset})
+
+    def change_invisible(self, group: str, receipt_handle: str, invisible_ms: int) -> tuple[str, int, PutResult]:
+        rh = ReceiptHandle.decode(receipt_handle)
+        _, inf = self._inflight(group, rh)
+        inf.version += 1
+        inf.visible_at = now_ms() + invisible_ms
+        heapq.heappush(self._heap, (inf.visible_at, group, rh.topic, rh.queue_id, rh.offset, inf.version))
+        new = ReceiptHandle(self.broker, rh.topic, rh.queue_id, rh.offset, inf.version, inf.visible_at).encode()
+        r = self.journal.append(
+            "chg", {"g": group, "t": rh.topic, "q": rh.queue_id, "o": rh.offset, "v": inf.visible_at, "r": inf.version}
+        )
+        return new, inf.visible_at, r
+
+    def forward_to_dlq(self, group: str, receipt_handle: str) -> PutResult:
+        rh = ReceiptHandle.decode(receipt_handle)
+        c, inf = self._inflight(group, rh)
+        return self._dead_letter(group, rh.topic, rh.queue_id, rh.offset, c, inf)
+
+    def _dead_letter(self, group, topic, qid, off, c: Cursor, inf: Inflight) -> PutResult:
+        phys = self.store.phys_at(topic, qid, off)
+        del c.inflight[off]
+        data = {"g": group, "t": topic, "q": qid, "o": off}
+        if phys is None:  # gone by retention: nothing left to dead-letter
+            return self.journal.append("ack", data)
+        dlq = dlq_topic(group)
+        self.ensure_topic(dlq)
+        props = {} if topic.startswith("%RETRY%") else {P_ORIGIN_TOPIC: topic}
+        r = self.journal.link(phys, dlq, 0, "rev", data, properties=props, reconsume_times=inf.attempt)
+        self.notify(dlq)
+        return r
+
+    # -- revive ----------------------------------------------------------------------
+
+    def revive_due(self) -> PutResult | None:
+        """Handle in-flight messages whose invisible time passed."""
+        now = now_ms()
+        heap = self._heap
+        last = None
+        cfg = self.config
+        while heap and heap[0][0] <= now:
+            vis, group, topic, qid, off, version = heapq.heappop(heap)
+            c = self.cursors.get((group, topic, qid))
+            inf = c.inflight.get(off) if c is not None else None
+            if inf is None or inf.version != version or inf.visible_at != vis:
+                continue  # acked, re-hidden or redelivered since
+            if inf.attempt >= cfg.max_delivery_attempts:
+                last = self._dead_letter(group, topic, qid, off, c, inf)  # type: ignore[arg-type]
+                continue
+            if c.fifo:  # type: ignore[union-attr]
+                self.notify(topic)  # redelivered in place by the next pop
+                continue
+            phys = self.store.phys_at(topic, qid, off)
+            del c.inflight[off]  # type: ignore[union-attr]
+            data = {"g": group, "t": topic, "q": qid, "o": off}
+            if phys is None:
+                last = self.journal.append("ack", data)
+                continue
+            origin = topic if not topic.startswith("%RETRY%") else self._origin_of(topic, qid, off)
+            rt = retry_topic(group, origin)
+            self.ensure_topic(rt)
+            props = {} if topic.startswith("%RETRY%") else {P_ORIGIN_TOPIC: topic}
+            backoff = cfg.retry_backoff_ms[min(inf.attempt - 1, len(cfg.retry_backoff_ms) - 1)]
+            if backoff <= 0:
+                last = self.journal.link(phys, rt, 0, "rev", data, properties=props, reconsume_times=inf.attempt)
+                self.notify(rt)
+            else:
+                last = self.timers.schedule_link(phys, rt, 0, now + backoff, "rev", data, props, inf.attempt)
+        return last
+
+    def _origin_of(self, topic: str, qid: int, off: int) -> str:
+        """The user topic a retry-topic message was first sent to."""
+        m = self.store.read_at(topic, qid, off)
+        if m is not None and P_ORIGIN_TOPIC in m.properties:
+            return m.properties[P_ORIGIN_TOPIC]
+        return topic[len("%RETRY%"):].rpartition("+")[2]
+
+    # -- journal replay and snapshot -------------------------------------------------
+
+    def apply(self, op: str, d: dict) -> None:
+        if op == "pop":
+            key = (d["g"], d["t"], d["q"])
+            c = self.cursors.get(key)
+            fifo = "w" in d
+            if c is None:
+                c = self.cursors[key] = Cursor(d["n"], fifo)
+            c.next = max(c.next, d["n"])
+            for off, attempt, version, mgroup in d["m"]:
+                c.waiting.pop(off, None)
+                c.inflight[off] = Inflight(d["v"], attempt, version, mgroup)
+            for off, g in d.get("w", ()):
+                c.waiting[off] = g
+        elif op in ("ack", "rev"):
+            c = self.cursors.get((d["g"], d["t"], d["q"]))
+            if c is not None:
+                c.inflight.pop(d["o"], None)
+        elif op == "chg":
+            c = self.cursors.get((d["g"], d["t"], d["q"]))
+            inf = c.inflight.get(d["o"]) if c is not None else None
+            if inf is not None:
+                inf.visible_at, inf.version = d["v"], d["r"]
+
+    def snapshot(self) -> list:
+        out = []
+        for (g, t, q), c in self.cursors.items():
+            out.append(
+                {
+                    "g": g, "t": t, "q": q, "n": c.next, "f": c.fifo,
+                    "i": [[o, i.visible_at, i.attempt, i.version, i.mgroup] for o, i in c.inflight.items()],
+                    "w": [[o, g2] for o, g2 in c.waiting.items()],
+                }
+            )
+        return out
+
+    def load(self, rows: list | None) -> None:
+        self.cursors.clear()
+        for r in rows or ():
+            c = Cursor(r["n"], r["f"])
+            for o, vis, att, ver, mg in r["i"]:
+                c.inflight[o] = Inflight(vis, att, ver, mg)
+            for o, g in r["w"]:
+                c.waiting[o] = g
+            self.cursors[(r["g"], r["t"], r["q"])] = c
+
+    def rebuild_heap(self) -> None:
+        self._heap = [
+            (inf.visible_at, g, t, q, o, inf.version)
+            for (g, t, q), c in self.cursors.items()
+            for o, inf in c.inflight.items()
+        ]
+        heapq.heapify(self._heap)
+
+    def commit_floors(self) -> None:
+        """Publish each cursor's floor as the group's committed offset (for offset queries)."""
+        for (g, t, q), c in self.cursors.items():
+            if not is_system_topic(t) or t.startswith("%RETRY%") or t.startswith("%DLQ%"):
+                self.store.offsets.commit(g, t, q, c.floor())
+
+    def drop_group_topic(self, topic: str) -> None:
+        for key in [k for k in self.cursors if k[1] == topic]:
+            del self.cursors[key]

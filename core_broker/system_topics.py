@@ -1,0 +1,46 @@
+"""Names of the broker's own topics and the reserved property keys it uses.
+
+System topics live in the same commitlog as user topics so every broker-side
+state change (retry, dead letter, timer, half transaction, journal) is a
+record recovered like any other. Reserved property keys start with ``__`` and
+are stripped before a message is handed to a client.
+"""
+
+from __future__ import annotations
+
+TIMER_TOPIC = "%SYS_TIMER%"
+HALF_TOPIC = "%SYS_HALF%"
+JOURNAL_TOPIC = "%SYS_JOURNAL%"
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+
+P_REAL_TOPIC = "__rt"  # where a timer/half message really goes
+P_REAL_QUEUE = "__rq"
+P_DELIVER_AT = "__dt"
+P_ORIGIN_TOPIC = "__ot"  # topic a retried / dead-lettered message was first sent to
+P_PRODUCER_GROUP = "__pg"
+P_JOURNAL_OP = "__jop"  # journal entries: which state change
+P_JOURNAL_DATA = "__jd"
+
+RESERVED_PREFIX = "__"
+
+
+def retry_topic(group: str, topic: str) -> str:
+    """Per (group, topic), like RocketMQ 5's pop retry topics, so a pop of one topic
+    never receives another topic's retries."""
+    return f"{RETRY_PREFIX}{group}+{topic}"
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic.startswith("%")
+
+
+def public_properties(props: dict[str, str]) -> dict[str, str]:
+    """User-visible properties (reserved keys removed)."""
+    if not any(k.startswith(RESERVED_PREFIX) for k in props):
+        return props
+    return {k: v for k, v in props.items() if not k.startswith(RESERVED_PREFIX)}

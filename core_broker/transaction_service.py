@@ -1,0 +1,210 @@
+"""TransactionService: half messages, commit / rollback, and checking back with producers.
+
+A transactional message is stored once in the system half queue, invisible to
+consumers. Commit links it into its real queue (one record, journaled with
+it); rollback journals the outcome only. A half left open longer than the
+check immunity is checked back through a callback the gRPC door registers
+(it asks a live producer over its Telemetry stream), repeatedly, up to the
+configured maximum, after which it is rolled back. Pending halves are found
+again after a restart by rescanning the half queue from the tracker's mark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from .config import BrokerConfig
+from .errors import UnimqError
+from .journal import Journal
+from .message_store import MessageStore
+from .model import GetStatus, Message, PutResult, StoredMessage
+from .system_queue_tracker import SystemQueueTracker
+from .system_topics import HALF_TOPIC, P_PRODUCER_GROUP, P_REAL_QUEUE, P_REAL_TOPIC, public_properties
+
+log = logging.getLogger("unimq.transaction")
+
+# checker(topic, producer_group, message, transaction_id) -> True if a producer was asked
+TransactionChecker = Callable[[str, str, StoredMessage, str], Awaitable[bool]]
+
+
+class TransactionNotFoundError(UnimqError):
+    code = "INVALID_TRANSACTION_ID"
+
+
+@dataclass
+class HalfMessage:
+    half_offset: int
+    phys: int
+    topic: str
+    queue_id: int
+    producer_group: str
+    born_ms: int
+    checks: int = 0
+    last_check_ms: int = 0
+
+
+class TransactionService:
+    def __init__(
+        self, store: MessageStore, journal: Journal, config: BrokerConfig, notify: Callable[[str], None]
+    ) -> None:
+        self.store = store
+        self.journal = journal
+        self.config = config
+        self.notify = notify
+        self.tracker = SystemQueueTracker()
+        self.pending: dict[str, HalfMessage] = {}
+        self._checks: dict[int, int] = {}  # half offset -> checks made (snapshotted)
+        self.checker: TransactionChecker | None = None
+        self._task: asyncio.Task | None = None
+
+    def transaction_id(self, phys: int) -> str:
+        return f"{self.store.store_id}{phys:016X}"
+
+    # -- state ---------------------------------------------------------------------
+
+    def apply(self, op: str, data: dict) -> None:
+        if op == "tend":
+            self.tracker.mark_done(int(data["hq"]))
+            self._checks.pop(int(data["hq"]), None)
+        elif op == "tcheck":
+            self._checks[int(data["hq"])] = int(data["n"])
+
+    def rebuild(self) -> None:
+        self.pending.clear()
+        off = max(self.tracker.low_water, self.store.min_offset(HALF_TOPIC, 0))
+        while True:
+            r = self.store.get(HALF_TOPIC, 0, off, 512)
+            if r.status == GetStatus.OFFSET_MOVED:
+                off = r.next_offset
+                continue
+            if not r.messages:
+                break
+            for m in r.messages:
+                if not self.tracker.is_done(m.queue_offset):
+                    self._track(m.queue_offset, m.commitlog_offset, m)
+            off = r.next_offset
+
+    def _track(self, half_offset: int, phys: int, m: Message) -> str:
+        tid = self.transaction_id(phys)
+        self.pending[tid] = HalfMessage(
+            half_offset,
+            phys,
+            m.properties.get(P_REAL_TOPIC, ""),
+            int(m.properties.get(P_REAL_QUEUE, "0")),
+            m.properties.get(P_PRODUCER_GROUP, ""),
+            m.born_timestamp_ms or int(time.time() * 1000),
+            self._checks.get(half_offset, 0),
+        )
+        return tid
+
+    def snapshot(self) -> dict:
+        return {"tracker": self.tracker.to_json(), "checks": {str(k): v for k, v in self._checks.items()}}
+
+    def load(self, d: dict | None) -> None:
+        d = d or {}
+        self.tracker = SystemQueueTracker.from_json(d.get("tracker"))
+        self._checks = {int(k): int(v) for k, v in d.get("checks", {}).items()}
+
+    # -- operations ------------------------------------------------------------------
+
+    def prepare(self, msg: Message, producer_group: str = "") -> tuple[PutResult, str]:
+        props = dict(msg.properties)
+        props[P_REAL_TOPIC] = msg.topic
+        props[P_REAL_QUEUE] = str(msg.queue_id)
+        if producer_group:
+            props[P_PRODUCER_GROUP] = producer_group
+        half = Message(
+            HALF_TOPIC,
+            msg.body,
+            tag=msg.tag,
+            keys=msg.keys,
+            properties=props,
+            message_group=msg.message_group,
+            born_timestamp_ms=msg.born_timestamp_ms or int(time.time() * 1000),
+            born_host=msg.born_host,
+            protocol=msg.protocol,
+            message_id=msg.message_id,
+            queue_id=0,
+        )
+        r = self.store.put_nowait(half)
+        half.properties = props
+        tid = self._track(r.queue_offset, r.commitlog_offset, half)
+        return r, tid
+
+    def end(self, transaction_id: str, commit: bool, source: str = "client") -> PutResult | None:
+        """Resolve a half message. Returns the journal/commit record to wait on."""
+        h = self.pending.pop(transaction_id, None)
+        if h is None:
+            raise TransactionNotFoundError(f"no open transaction {transaction_id!r} (already resolved or unknown)")
+        data = {"hq": h.half_offset, "c": int(commit), "s": source}
+        if commit:
+            r = self.journal.link(h.phys, h.topic, h.queue_id, "tend", data)
+            self.notify(h.topic)
+        else:
+            r = self.journal.append("tend", data)
+        self.tracker.mark_done(h.half_offset)
+        self._checks.pop(h.half_offset, None)
+        return r
+
+    def message_of(self, transaction_id: str) -> StoredMessage | None:
+        h = self.pending.get(transaction_id)
+        if h is None:
+            return None
+        m = self.store.read_phys(h.phys)
+        m.topic = h.topic
+        m.queue_id = h.queue_id
+        m.properties = public_properties(m.properties)
+        return m
+
+    async def check_round(self) -> None:
+        """Ask producers about halves past the immunity; roll back those checked too often."""
+        now = int(time.time() * 1000)
+        cfg = self.config
+        for tid, h in list(self.pending.items()):
+            if now - h.born_ms < cfg.transaction_check_immunity_ms:
+                continue
+            if h.last_check_ms and now - h.last_check_ms < cfg.transaction_check_interval_ms:
+                continue
+            if h.checks >= cfg.transaction_check_max:
+                log.info("transaction %s unresolved after %d checks: rolled back", tid, h.checks)
+                try:
+                    self.end(tid, False, "max_checks")
+                except TransactionNotFoundError:
+                    pass
+                continue
+            h.checks += 1
+            h.last_check_ms = now
+            self._checks[h.half_offset] = h.checks
+            self.journal.append("tcheck", {"hq": h.half_offset, "n": h.checks})
+            checker = self.checker
+            msg = self.message_of(tid)
+            if checker is not None and msg is not None:
+                try:
+                    await checker(h.topic, h.producer_group, msg, tid)
+                except Exception:
+                    log.exception("transaction check callback failed for %s", tid)
+
+    async def run(self) -> None:
+        interval = min(self.config.transaction_check_interval_ms, self.config.transaction_check_immunity_ms, 1000)
+        while True:
+            await asyncio.sleep(max(0.05, interval / 1000.0))
+            try:
+                await self.check_round()
+            except Exception:
+                log.exception("transaction check round failed")
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="unimq-txn-check")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None

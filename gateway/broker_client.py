@@ -1,0 +1,167 @@
+"""The processor's view of the brokers behind it, and its in-process implementation.
+
+The :class:`BrokerClient` protocol is the seam between the two deployment
+shapes: merged mode uses :class:`LocalBrokerClient` (direct calls on a
+``BrokerController`` in this process), separated mode a remote client that
+finds brokers through the nameserver and calls them over RPC. Both speak the
+same domain types, so the processor and its test suite do not know which one
+they run on. Every call that targets data names the broker that owns it
+(routes and receipt handles carry broker names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from core_broker.broker_controller import BrokerController, TopicStats
+from core_broker.errors import BadRequestError
+from core_broker.model import FilterExpression, GetResult, Message, PutResult, StoredMessage
+from core_broker.pop_service import PoppedMessage
+from core_broker.topic_config import TopicConfig
+from core_broker.transaction_service import TransactionChecker
+
+
+@dataclass(frozen=True)
+class QueueRoute:
+    broker: str
+    queue_id: int
+    perm: int
+
+
+@dataclass
+class TopicRoute:
+    config: TopicConfig
+    queues: list[QueueRoute]
+
+    @property
+    def brokers(self) -> list[str]:
+        return sorted({q.broker for q in self.queues})
+
+
+class BrokerClient(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def route(self, topic: str) -> TopicRoute | None: ...
+    async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig: ...
+    async def update_topic(self, tc: TopicConfig) -> TopicConfig: ...
+    async def delete_topic(self, name: str) -> None: ...
+    async def list_topics(self, include_system: bool = False) -> list[TopicConfig]: ...
+    async def describe_topic(self, name: str) -> TopicStats: ...
+
+    async def send(
+        self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
+    ) -> list[tuple[PutResult, str | None]]: ...
+    async def end_transaction(self, broker: str, transaction_id: str, commit: bool, source: str) -> None: ...
+    def set_transaction_checker(self, checker: TransactionChecker | None) -> None: ...
+
+    async def pop(
+        self, broker: str, group: str, topic: str, max_count: int, invisible_ms: int,
+        filter_expression: FilterExpression | None, wait_ms: int, from_latest: bool,
+    ) -> list[PoppedMessage]: ...
+    async def ack(self, broker: str, group: str, receipt_handle: str) -> None: ...
+    async def change_invisible(
+        self, broker: str, group: str, receipt_handle: str, invisible_ms: int
+    ) -> tuple[str, int]: ...
+    async def forward_to_dlq(self, broker: str, group: str, receipt_handle: str) -> None: ...
+
+    async def pull(
+        self, broker: str, topic: str, queue_id: int, offset: int, max_count: int,
+        filter_expression: FilterExpression | None, wait_ms: int,
+    ) -> GetResult: ...
+    async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None: ...
+    async def get_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None: ...
+    async def query_offset(self, broker: str, topic: str, queue_id: int, policy: str, timestamp_ms: int) -> int: ...
+
+    async def query_by_id(self, message_id: str) -> StoredMessage | None: ...
+    async def query_by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[StoredMessage]: ...
+
+
+class LocalBrokerClient:
+    """Merged deployment: the broker lives in this process; calls are direct."""
+
+    def __init__(self, controller: BrokerController, owns: bool = True) -> None:
+        self.broker = controller
+        self.name = controller.name
+        self._owns = owns
+
+    async def start(self) -> None:
+        if self._owns and not self.broker.started:
+            await self.broker.start()
+
+    async def stop(self) -> None:
+        if self._owns:
+            await self.broker.stop()
+
+    def _check(self, broker: str) -> BrokerController:
+        if broker != self.name:
+            raise BadRequestError(f"unknown broker {broker!r}")
+        return self.broker
+
+    # -- topics
+    async def route(self, topic: str) -> TopicRoute | None:
+        tc = self.broker.get_topic(topic)
+        if tc is None:
+            return None
+        return TopicRoute(tc, [QueueRoute(self.name, q, tc.perm) for q in range(tc.queues)])
+
+    async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
+        return self.broker.create_topic(tc, exist_ok)
+
+    async def update_topic(self, tc: TopicConfig) -> TopicConfig:
+        return self.broker.update_topic(tc)
+
+    async def delete_topic(self, name: str) -> None:
+        self.broker.delete_topic(name)
+
+    async def list_topics(self, include_system: bool = False) -> list[TopicConfig]:
+        return self.broker.list_topics(include_system)
+
+    async def describe_topic(self, name: str) -> TopicStats:
+        return self.broker.describe_topic(name)
+
+    # -- produce
+    async def send(self, broker, msgs, transactional, producer_group):
+        return await self._check(broker).send(msgs, transactional=transactional, producer_group=producer_group)
+
+    async def end_transaction(self, broker, transaction_id, commit, source):
+        await self._check(broker).end_transaction(transaction_id, commit, source)
+
+    def set_transaction_checker(self, checker):
+        self.broker.set_transaction_checker(checker)
+
+    # -- pop
+    async def pop(self, broker, group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest):
+        return await self._check(broker).pop(
+            group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest
+        )
+
+    async def ack(self, broker, group, receipt_handle):
+        await self._check(broker).ack(group, receipt_handle)
+
+    async def change_invisible(self, broker, group, receipt_handle, invisible_ms):
+        return await self._check(broker).change_invisible(group, receipt_handle, invisible_ms)
+
+    async def forward_to_dlq(self, broker, group, receipt_handle):
+        await self._check(broker).forward_to_dlq(group, receipt_handle)
+
+    # -- pull
+    async def pull(self, broker, topic, queue_id, offset, max_count, filter_expression, wait_ms):
+        return await self._check(broker).pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)
+
+    async def commit_offset(self, broker, group, topic, queue_id, offset):
+        self._check(broker).commit_offset(group, topic, queue_id, offset)
+
+    async def get_offset(self, broker, group, topic, queue_id):
+        return self._check(broker).get_offset(group, topic, queue_id)
+
+    async def query_offset(self, broker, topic, queue_id, policy, timestamp_ms):
+        return self._check(broker).query_offset(topic, queue_id, policy, timestamp_ms)
+
+    # -- query
+    async def query_by_id(self, message_id):
+        return self.broker.query_by_id(message_id)
+
+    async def query_by_key(self, topic, key, begin_ms, end_ms, max_count):
+        return self.broker.query_by_key(topic, key, begin_ms, end_ms, max_count)

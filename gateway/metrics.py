@@ -1,0 +1,32 @@
+"""Processor metrics: counters by operation and protocol, rendered for Prometheus.
+
+Kept in the processor (not the adapters) so every door is counted the same
+way; the HTTP door serves the text at ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.counters: dict[tuple[str, str], int] = defaultdict(int)
+
+    def inc(self, name: str, protocol: str, n: int = 1) -> None:
+        self.counters[(name, protocol)] += n
+
+    def get(self, name: str, protocol: str | None = None) -> int:
+        if protocol is not None:
+            return self.counters.get((name, protocol), 0)
+        return sum(v for (n, _), v in self.counters.items() if n == name)
+
+    def render_prometheus(self) -> str:
+        lines = []
+        names = sorted({n for n, _ in self.counters})
+        for n in names:
+            lines.append(f"# TYPE unimq_{n}_total counter")
+            for (name, proto), v in sorted(self.counters.items()):
+                if name == n:
+                    lines.append(f'unimq_{n}_total{{protocol="{proto}"}} {v}')
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,390 @@
+"""MessagingProcessor: the one door to the brokers for every protocol adapter.
+
+MQTT, AMQP, HTTP/CloudEvents and gRPC adapters translate their frames into
+these calls; nothing here knows any wire protocol. The processor owns what
+must be the same whichever door a client came through: authorization,
+metrics, topic auto-creation, message-type checks, producer load balancing
+(round robin over writable queues; a FIFO message group hashed to one queue),
+and routing each call to the broker that owns the data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+from crc32c import crc32c
+
+from core_broker.broker_controller import TopicStats
+from core_broker.errors import BadRequestError, MessageTooLargeError, TopicNotFoundError, UnimqError
+from core_broker.filter import compile_filter
+from core_broker.model import FilterExpression, GetResult, Message, MessageType, StoredMessage
+from core_broker.pop_service import PoppedMessage
+from core_broker.receipt import ReceiptHandle
+from core_broker.system_topics import RESERVED_PREFIX, is_system_topic
+from core_broker.topic_config import PERM_READ, PERM_WRITE, TopicConfig, validate_topic_name
+from core_broker.transaction_service import TransactionChecker
+
+from .auth import AllowAll, Authorizer
+from .broker_client import BrokerClient, QueueRoute, TopicRoute
+from .context import RequestContext
+from .metrics import Metrics
+
+
+class MessageTypeMismatchError(BadRequestError):
+    code = "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
+
+
+class NoWritableQueueError(UnimqError):
+    code = "FORBIDDEN"
+
+
+@dataclass
+class ProcessorConfig:
+    auto_create_topics: bool = True
+    default_queue_count: int = 8
+    max_message_size: int = 4 * 1024 * 1024
+    max_batch: int = 1024
+
+
+class SendResult(NamedTuple):
+    message_id: str
+    topic: str
+    broker: str
+    queue_id: int
+    queue_offset: int
+    transaction_id: str | None
+
+
+# Which message types a topic of each type accepts. Doors without topic types
+# (MQTT, AMQP, HTTP) send NORMAL messages, which typed topics other than
+# TRANSACTION take as well; a transactional message needs a TRANSACTION topic.
+_ACCEPTS = {
+    MessageType.NORMAL: {MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY},
+    MessageType.FIFO: {MessageType.FIFO, MessageType.NORMAL},
+    MessageType.DELAY: {MessageType.DELAY, MessageType.NORMAL},
+    MessageType.TRANSACTION: {MessageType.TRANSACTION},
+}
+
+
+def message_type_of(msg: Message, transactional: bool) -> MessageType:
+    if transactional:
+        return MessageType.TRANSACTION
+    if msg.message_group:
+        return MessageType.FIFO
+    if msg.delivery_time_ms:
+        return MessageType.DELAY
+    return MessageType.NORMAL
+
+
+class MessagingProcessor:
+    def __init__(
+        self,
+        broker: BrokerClient,
+        config: ProcessorConfig | None = None,
+        authorizer: Authorizer | None = None,
+    ) -> None:
+        self.broker = broker
+        self.config = config or ProcessorConfig()
+        self.authorizer = authorizer or AllowAll()
+        self.metrics = Metrics()
+        self._rr = itertools.count()
+        self._route_rr: dict[str, int] = {}
+
+    async def start(self) -> None:
+        await self.broker.start()
+
+    async def stop(self) -> None:
+        await self.broker.stop()
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _route(self, ctx: RequestContext, topic: str, create: bool = False) -> TopicRoute:
+        route = await self.broker.route(topic)
+        if route is None:
+            if create and self.config.auto_create_topics and not is_system_topic(topic):
+                validate_topic_name(topic)
+                await self.broker.create_topic(
+                    TopicConfig(topic, queues=self.config.default_queue_count), exist_ok=True
+                )
+                route = await self.broker.route(topic)
+            if route is None:
+                raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        return route
+
+    def _select_queue(self, route: TopicRoute, msg: Message) -> QueueRoute:
+        writable = [q for q in route.queues if q.perm & PERM_WRITE]
+        if not writable:
+            raise NoWritableQueueError(f"topic {route.config.name!r} has no writable queue")
+        if msg.message_group and route.config.message_type == MessageType.FIFO:
+            return writable[crc32c(msg.message_group.encode()) % len(writable)]
+        n = self._route_rr.get(route.config.name, 0)
+        self._route_rr[route.config.name] = n + 1
+        return writable[n % len(writable)]
+
+    @staticmethod
+    def _broker_of_handle(receipt_handle: str) -> str:
+        return ReceiptHandle.decode(receipt_handle).broker
+
+    # ------------------------------------------------------------------ send
+
+    async def send(
+        self,
+        ctx: RequestContext,
+        messages: Sequence[Message],
+        *,
+        transactional: bool = False,
+        producer_group: str = "",
+    ) -> list[SendResult]:
+        """Send one message or a batch (all to one topic or several)."""
+        if not messages:
+            raise BadRequestError("nothing to send")
+        if len(messages) > self.config.max_batch:
+            raise BadRequestError(f"a batch holds at most {self.config.max_batch} messages")
+        routes: dict[str, TopicRoute] = {}
+        by_broker: dict[str, list[tuple[int, Message]]] = {}
+        now = int(time.time() * 1000)
+        for i, m in enumerate(messages):
+            topic = m.topic
+            if is_system_topic(topic):
+                raise BadRequestError(f"topic {topic!r} is reserved for the broker")
+            self.authorizer.check(ctx, "pub", topic)
+            if len(m.body) > self.config.max_message_size:
+                raise MessageTooLargeError(
+                    f"message body of {len(m.body)} bytes exceeds the limit of {self.config.max_message_size}"
+                )
+            route = routes.get(topic)
+            if route is None:
+                route = routes[topic] = await self._route(ctx, topic, create=True)
+            mtype = message_type_of(m, transactional)
+            if mtype not in _ACCEPTS[route.config.message_type]:
+                raise MessageTypeMismatchError(
+                    f"topic {topic!r} is a {route.config.message_type.value} topic and does not take "
+                    f"{mtype.value} messages"
+                )
+            if m.properties and any(k.startswith(RESERVED_PREFIX) for k in m.properties):
+                m.properties = {k: v for k, v in m.properties.items() if not k.startswith(RESERVED_PREFIX)}
+            if m.protocol == "internal":
+                m.protocol = ctx.protocol
+            if not m.born_host:
+                m.born_host = ctx.remote_address
+            if not m.born_timestamp_ms:
+                m.born_timestamp_ms = now
+            q = self._select_queue(route, m)
+            m.queue_id = q.queue_id
+            by_broker.setdefault(q.broker, []).append((i, m))
+        results: list[SendResult | None] = [None] * len(messages)
+        for broker, items in by_broker.items():
+            put = await self.broker.send(broker, [m for _, m in items], transactional, producer_group)
+            for (i, m), (r, tid) in zip(items, put):
+                results[i] = SendResult(r.message_id, m.topic, broker, m.queue_id, r.queue_offset, tid)
+        self.metrics.inc("messages_in", ctx.protocol, len(messages))
+        return results  # type: ignore[return-value]
+
+    async def end_transaction(
+        self,
+        ctx: RequestContext,
+        topic: str,
+        transaction_id: str,
+        commit: bool,
+        *,
+        from_check: bool = False,
+        broker: str | None = None,
+    ) -> None:
+        self.authorizer.check(ctx, "pub", topic)
+        if broker is None:
+            route = await self._route(ctx, topic)
+            brokers = route.brokers
+        else:
+            brokers = [broker]
+        last: Exception | None = None
+        for b in brokers:  # the id names its broker only implicitly: try the topic's brokers
+            try:
+                await self.broker.end_transaction(b, transaction_id, commit, "check" if from_check else "client")
+                self.metrics.inc("transactions_committed" if commit else "transactions_rolled_back", ctx.protocol)
+                return
+            except UnimqError as e:
+                last = e
+        raise last if last else TopicNotFoundError(f"topic {topic!r} has no broker")
+
+    def set_transaction_checker(self, checker: TransactionChecker | None) -> None:
+        self.broker.set_transaction_checker(checker)
+
+    # ------------------------------------------------------------------ pop consumption
+
+    async def pop(
+        self,
+        ctx: RequestContext,
+        group: str,
+        topic: str,
+        max_count: int = 32,
+        invisible_ms: int = 30_000,
+        filter_expression: FilterExpression | None = None,
+        wait_ms: int = 0,
+        *,
+        from_latest: bool = False,
+    ) -> list[PoppedMessage]:
+        """Receive up to ``max_count`` messages hidden for ``invisible_ms``; long-poll ``wait_ms``."""
+        self.authorizer.check(ctx, "sub", topic)
+        if not group:
+            raise BadRequestError("a consumer group is required")
+        if filter_expression is not None:
+            compile_filter(filter_expression)  # a bad expression is the caller's error, before any wait
+        route = await self._route(ctx, topic)
+        brokers = [b for b in route.brokers if any(q.perm & PERM_READ for q in route.queues if q.broker == b)]
+        if not brokers:
+            return []
+        start = next(self._rr)
+        order = brokers[start % len(brokers) :] + brokers[: start % len(brokers)]
+        out: list[PoppedMessage] = []
+        # ask each broker without waiting first; long-poll the first one only if all are empty
+        for b in order:
+            out.extend(
+                await self.broker.pop(b, group, topic, max_count - len(out), invisible_ms, filter_expression, 0, from_latest)
+            )
+            if len(out) >= max_count:
+                break
+        if not out and wait_ms > 0:
+            out = await self.broker.pop(
+                order[0], group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest
+            )
+        self.metrics.inc("messages_out", ctx.protocol, len(out))
+        return out
+
+    async def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
+        self.authorizer.check(ctx, "sub", topic)
+        await self.broker.ack(self._broker_of_handle(receipt_handle), group, receipt_handle)
+        self.metrics.inc("acks", ctx.protocol)
+
+    async def change_invisible(
+        self, ctx: RequestContext, group: str, topic: str, receipt_handle: str, invisible_ms: int
+    ) -> tuple[str, int]:
+        """Re-hide (or, with 0, release at once) a popped message; returns the new handle."""
+        self.authorizer.check(ctx, "sub", topic)
+        return await self.broker.change_invisible(
+            self._broker_of_handle(receipt_handle), group, receipt_handle, invisible_ms
+        )
+
+    async def forward_to_dlq(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
+        self.authorizer.check(ctx, "sub", topic)
+        await self.broker.forward_to_dlq(self._broker_of_handle(receipt_handle), group, receipt_handle)
+        self.metrics.inc("dead_lettered", ctx.protocol)
+
+    # ------------------------------------------------------------------ pull consumption
+
+    async def _queue_broker(self, ctx: RequestContext, topic: str, queue_id: int, broker: str | None) -> str:
+        if broker is not None:
+            return broker
+        route = await self._route(ctx, topic)
+        owners = [q.broker for q in route.queues if q.queue_id == queue_id]
+        if not owners:
+            raise BadRequestError(f"topic {topic!r} has no queue {queue_id}")
+        return owners[0]
+
+    async def pull(
+        self,
+        ctx: RequestContext,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        filter_expression: FilterExpression | None = None,
+        wait_ms: int = 0,
+        *,
+        broker: str | None = None,
+    ) -> GetResult:
+        """Read a queue by offset (queue-level load balancing; what Spark uses)."""
+        self.authorizer.check(ctx, "sub", topic)
+        b = await self._queue_broker(ctx, topic, queue_id, broker)
+        r = await self.broker.pull(b, topic, queue_id, offset, max_count, filter_expression, wait_ms)
+        self.metrics.inc("messages_out", ctx.protocol, len(r.messages))
+        return r
+
+    async def commit_offset(
+        self, ctx: RequestContext, group: str, topic: str, queue_id: int, offset: int, *, broker: str | None = None
+    ) -> None:
+        self.authorizer.check(ctx, "sub", topic)
+        b = await self._queue_broker(ctx, topic, queue_id, broker)
+        await self.broker.commit_offset(b, group, topic, queue_id, offset)
+
+    async def get_offset(
+        self, ctx: RequestContext, group: str, topic: str, queue_id: int, *, broker: str | None = None
+    ) -> int | None:
+        """The group's committed offset, or None if it never committed one."""
+        b = await self._queue_broker(ctx, topic, queue_id, broker)
+        return await self.broker.get_offset(b, group, topic, queue_id)
+
+    async def query_offset(
+        self,
+        ctx: RequestContext,
+        topic: str,
+        queue_id: int,
+        policy: str = "end",
+        timestamp_ms: int = 0,
+        *,
+        broker: str | None = None,
+    ) -> int:
+        b = await self._queue_broker(ctx, topic, queue_id, broker)
+        return await self.broker.query_offset(b, topic, queue_id, policy, timestamp_ms)
+
+    # ------------------------------------------------------------------ route and admin
+
+    async def query_route(self, ctx: RequestContext, topic: str) -> TopicRoute:
+        self.authorizer.check(ctx, "sub", topic)
+        return await self._route(ctx, topic, create=False)
+
+    async def create_topic(
+        self,
+        ctx: RequestContext,
+        name: str,
+        queues: int | None = None,
+        message_type: MessageType | str = MessageType.NORMAL,
+        exist_ok: bool = False,
+    ) -> TopicConfig:
+        self.authorizer.check(ctx, "admin", name)
+        if is_system_topic(name):
+            raise BadRequestError("topic names starting with '%' are reserved")
+        tc = TopicConfig(name, queues=queues or self.config.default_queue_count, message_type=MessageType(message_type))
+        return await self.broker.create_topic(tc, exist_ok=exist_ok)
+
+    async def update_topic(
+        self, ctx: RequestContext, name: str, *, queues: int | None = None, perm: int | None = None
+    ) -> TopicConfig:
+        self.authorizer.check(ctx, "admin", name)
+        route = await self._route(ctx, name)
+        tc = route.config
+        updated = TopicConfig(
+            name,
+            queues=queues if queues is not None else tc.queues,
+            message_type=tc.message_type,
+            perm=perm if perm is not None else tc.perm,
+            attributes=dict(tc.attributes),
+        )
+        if updated.queues < tc.queues:
+            raise BadRequestError("queues can be added to a topic, not removed")
+        return await self.broker.update_topic(updated)
+
+    async def delete_topic(self, ctx: RequestContext, name: str) -> None:
+        self.authorizer.check(ctx, "admin", name)
+        if is_system_topic(name) and not name.startswith(("%DLQ%", "%RETRY%")):
+            raise BadRequestError("system topics cannot be deleted")
+        await self.broker.delete_topic(name)
+
+    async def list_topics(self, ctx: RequestContext, include_system: bool = False) -> list[TopicConfig]:
+        return await self.broker.list_topics(include_system)
+
+    async def describe_topic(self, ctx: RequestContext, name: str) -> TopicStats:
+        return await self.broker.describe_topic(name)
+
+    # ------------------------------------------------------------------ query
+
+    async def query_message_by_id(self, ctx: RequestContext, message_id: str) -> StoredMessage | None:
+        return await self.broker.query_by_id(message_id)
+
+    async def query_messages_by_key(
+        self, ctx: RequestContext, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 32
+    ) -> list[StoredMessage]:
+        self.authorizer.check(ctx, "sub", topic)
+        return await self.broker.query_by_key(topic, key, begin_ms, end_ms, max_count)
