@@ -10,6 +10,7 @@ blocked on.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from dataclasses import dataclass
@@ -67,6 +68,9 @@ class BrokerController:
         self._waiters: dict[str, set[asyncio.Future]] = {}
         self._tasks: list[asyncio.Task] = []
         self._rr: dict[tuple[str, str], int] = {}
+        # Small durable state for the doors (MQTT sessions and retained messages, AMQP
+        # exchanges/queues/bindings, HTTP push subscriptions): journaled + snapshotted.
+        self.kv: dict[str, dict[str, bytes]] = {}
         self.started = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -77,8 +81,12 @@ class BrokerController:
         self.pops.load(state.get("pop"))
         self.timers.tracker = type(self.timers.tracker).from_json(state.get("timer"))
         self.transactions.load(state.get("txn"))
+        self.kv = {ns: {k: base64.b64decode(v) for k, v in items.items()} for ns, items in state.get("kv", {}).items()}
         replayed = 0
         for op, data in self.journal.replay(int(state.get("journal", 0))):
+            if op == "kv":
+                self._apply_kv(data)
+                continue
             self.pops.apply(op, data)
             self.timers.apply(op, data)
             self.transactions.apply(op, data)
@@ -124,6 +132,7 @@ class BrokerController:
             "pop": self.pops.snapshot(),
             "timer": self.timers.tracker.to_json(),
             "txn": self.transactions.snapshot(),
+            "kv": {ns: {k: base64.b64encode(v).decode() for k, v in items.items()} for ns, items in self.kv.items()},
             "ts": int(time.time() * 1000),
         }
 
@@ -172,6 +181,28 @@ class BrokerController:
                     s.discard(fut)
                     if not s:
                         self._waiters.pop(t, None)
+
+    # ------------------------------------------------------------------ durable key-value state
+
+    def _apply_kv(self, d: dict) -> None:
+        ns = self.kv.setdefault(d["n"], {})
+        if d["v"] is None:
+            ns.pop(d["k"], None)
+        else:
+            ns[d["k"]] = base64.b64decode(d["v"])
+
+    async def kv_put(self, namespace: str, key: str, value: bytes | None) -> None:
+        """Set (or with None delete) one entry; durable once this returns (under sync flush)."""
+        d = {"n": namespace, "k": key, "v": None if value is None else base64.b64encode(value).decode()}
+        r = self.journal.append("kv", d)
+        self._apply_kv(d)
+        await self.store.wait_durable(r)
+
+    def kv_get(self, namespace: str, key: str) -> bytes | None:
+        return self.kv.get(namespace, {}).get(key)
+
+    def kv_items(self, namespace: str) -> dict[str, bytes]:
+        return dict(self.kv.get(namespace, {}))
 
     # ------------------------------------------------------------------ topics
 
@@ -304,6 +335,8 @@ class BrokerController:
         if invisible_ms < 0:
             raise BadRequestError("invisible time must not be negative")
         handle, visible_at, r = self.pops.change_invisible(group, receipt_handle, invisible_ms)
+        if invisible_ms == 0:
+            self.pops.revive_due()  # a release (nack/requeue) is handed back at once, not next round
         await self.store.wait_durable(r)
         return handle, visible_at
 

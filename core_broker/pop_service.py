@@ -38,13 +38,14 @@ def now_ms() -> int:
 
 
 class Inflight:
-    __slots__ = ("visible_at", "attempt", "version", "mgroup")
+    __slots__ = ("visible_at", "attempt", "version", "mgroup", "released")
 
     def __init__(self, visible_at: int, attempt: int, version: int, mgroup: str | None) -> None:
         self.visible_at = visible_at
         self.attempt = attempt
         self.version = version
         self.mgroup = mgroup
+        self.released = False  # made visible at once on purpose (a nack): no retry back-off
 
 
 class Cursor:
@@ -272,10 +273,13 @@ class PopService:
         _, inf = self._inflight(group, rh)
         inf.version += 1
         inf.visible_at = now_ms() + invisible_ms
+        inf.released = invisible_ms == 0
         heapq.heappush(self._heap, (inf.visible_at, group, rh.topic, rh.queue_id, rh.offset, inf.version))
         new = ReceiptHandle(self.broker, rh.topic, rh.queue_id, rh.offset, inf.version, inf.visible_at).encode()
         r = self.journal.append(
-            "chg", {"g": group, "t": rh.topic, "q": rh.queue_id, "o": rh.offset, "v": inf.visible_at, "r": inf.version}
+            "chg",
+            {"g": group, "t": rh.topic, "q": rh.queue_id, "o": rh.offset, "v": inf.visible_at, "r": inf.version,
+             "z": int(inf.released)},
         )
         return new, inf.visible_at, r
 
@@ -327,7 +331,7 @@ class PopService:
             rt = retry_topic(group, origin)
             self.ensure_topic(rt)
             props = {} if topic.startswith("%RETRY%") else {P_ORIGIN_TOPIC: topic}
-            backoff = cfg.retry_backoff_ms[min(inf.attempt - 1, len(cfg.retry_backoff_ms) - 1)]
+            backoff = 0 if inf.released else cfg.retry_backoff_ms[min(inf.attempt - 1, len(cfg.retry_backoff_ms) - 1)]
             if backoff <= 0:
                 last = self.journal.link(phys, rt, 0, "rev", data, properties=props, reconsume_times=inf.attempt)
                 self.notify(rt)
@@ -366,6 +370,7 @@ class PopService:
             inf = c.inflight.get(d["o"]) if c is not None else None
             if inf is not None:
                 inf.visible_at, inf.version = d["v"], d["r"]
+                inf.released = bool(d.get("z", 0))
 
     def snapshot(self) -> list:
         out = []

@@ -12,6 +12,9 @@ TIMER_TOPIC = "%SYS_TIMER%"
 HALF_TOPIC = "%SYS_HALF%"
 JOURNAL_TOPIC = "%SYS_JOURNAL%"
 RETRY_PREFIX = "%RETRY%"
+# Light message queues: per-subscription / per-AMQP-queue topics that doors create
+# and fill by multi-dispatch (RocketMQ's LMQ idea).
+LMQ_PREFIX = "%LMQ%"
 DLQ_PREFIX = "%DLQ%"
 
 P_REAL_TOPIC = "__rt"  # where a timer/half message really goes
@@ -37,6 +40,10 @@ def dlq_topic(group: str) -> str:
 
 def is_system_topic(topic: str) -> bool:
     return topic.startswith("%")
+
+
+def is_lmq(topic: str) -> bool:
+    return topic.startswith(LMQ_PREFIX)
 
 
 def public_properties(props: dict[str, str]) -> dict[str, str]:

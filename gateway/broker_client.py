@@ -77,6 +77,10 @@ class BrokerClient(Protocol):
     async def query_by_id(self, message_id: str) -> StoredMessage | None: ...
     async def query_by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[StoredMessage]: ...
 
+    async def kv_put(self, namespace: str, key: str, value: bytes | None) -> None: ...
+    async def kv_get(self, namespace: str, key: str) -> bytes | None: ...
+    async def kv_items(self, namespace: str) -> dict[str, bytes]: ...
+
 
 class LocalBrokerClient:
     """Merged deployment: the broker lives in this process; calls are direct."""
@@ -165,3 +169,13 @@ class LocalBrokerClient:
 
     async def query_by_key(self, topic, key, begin_ms, end_ms, max_count):
         return self.broker.query_by_key(topic, key, begin_ms, end_ms, max_count)
+
+    # -- durable door state
+    async def kv_put(self, namespace, key, value):
+        await self.broker.kv_put(namespace, key, value)
+
+    async def kv_get(self, namespace, key):
+        return self.broker.kv_get(namespace, key)
+
+    async def kv_items(self, namespace):
+        return self.broker.kv_items(namespace)

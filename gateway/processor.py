@@ -23,7 +23,7 @@ from core_broker.filter import compile_filter
 from core_broker.model import FilterExpression, GetResult, Message, MessageType, StoredMessage
 from core_broker.pop_service import PoppedMessage
 from core_broker.receipt import ReceiptHandle
-from core_broker.system_topics import RESERVED_PREFIX, is_system_topic
+from core_broker.system_topics import RESERVED_PREFIX, is_lmq, is_system_topic
 from core_broker.topic_config import PERM_READ, PERM_WRITE, TopicConfig, validate_topic_name
 from core_broker.transaction_service import TransactionChecker
 
@@ -148,7 +148,7 @@ class MessagingProcessor:
         now = int(time.time() * 1000)
         for i, m in enumerate(messages):
             topic = m.topic
-            if is_system_topic(topic):
+            if is_system_topic(topic) and not is_lmq(topic):
                 raise BadRequestError(f"topic {topic!r} is reserved for the broker")
             self.authorizer.check(ctx, "pub", topic)
             if len(m.body) > self.config.max_message_size:
@@ -344,8 +344,8 @@ class MessagingProcessor:
         exist_ok: bool = False,
     ) -> TopicConfig:
         self.authorizer.check(ctx, "admin", name)
-        if is_system_topic(name):
-            raise BadRequestError("topic names starting with '%' are reserved")
+        if is_system_topic(name) and not is_lmq(name):
+            raise BadRequestError("topic names starting with '%' are reserved (doors may create '%LMQ%' queues)")
         tc = TopicConfig(name, queues=queues or self.config.default_queue_count, message_type=MessageType(message_type))
         return await self.broker.create_topic(tc, exist_ok=exist_ok)
 
@@ -368,7 +368,7 @@ class MessagingProcessor:
 
     async def delete_topic(self, ctx: RequestContext, name: str) -> None:
         self.authorizer.check(ctx, "admin", name)
-        if is_system_topic(name) and not name.startswith(("%DLQ%", "%RETRY%")):
+        if is_system_topic(name) and not name.startswith(("%DLQ%", "%RETRY%", "%LMQ%")):
             raise BadRequestError("system topics cannot be deleted")
         await self.broker.delete_topic(name)
 
@@ -388,3 +388,19 @@ class MessagingProcessor:
     ) -> list[StoredMessage]:
         self.authorizer.check(ctx, "sub", topic)
         return await self.broker.query_by_key(topic, key, begin_ms, end_ms, max_count)
+
+    # ------------------------------------------------------------------ durable door state
+
+    async def kv_put(self, ctx: RequestContext, namespace: str, key: str, value: bytes | None) -> None:
+        """Durable small state for a door (sessions, retained messages, exchanges, bindings...).
+
+        Doors keep only connection state themselves; what must survive a restart is
+        written here and lives in the broker's journal and snapshot.
+        """
+        await self.broker.kv_put(namespace, key, value)
+
+    async def kv_get(self, ctx: RequestContext, namespace: str, key: str) -> bytes | None:
+        return await self.broker.kv_get(namespace, key)
+
+    async def kv_items(self, ctx: RequestContext, namespace: str) -> dict[str, bytes]:
+        return await self.broker.kv_items(namespace)
