@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -65,6 +66,9 @@ class BrokerController:
         self.transactions = TransactionService(self.store, self.journal, self.config, self.notify)
         self.pops = PopService(self.store, self.journal, self.timers, self.config, self.notify, self.ensure_system_topic)
         self._state_path = store_config.data_dir / "config" / "broker_state.json"
+        self._snap_lock = threading.Lock()
+        self._snap_seq = 0
+        self._snap_written = 0
         self._waiters: dict[str, set[asyncio.Future]] = {}
         self._tasks: list[asyncio.Task] = []
         self._rr: dict[tuple[str, str], int] = {}
@@ -139,7 +143,17 @@ class BrokerController:
     async def write_snapshot(self) -> None:
         # Built on the loop (consistent with the journal offset it names), written on a thread.
         snap = self._snapshot()
-        await asyncio.to_thread(write_json_atomic, self._state_path, snap)
+        self._snap_seq += 1
+        await asyncio.to_thread(self._write_state, self._snap_seq, snap)
+
+    def _write_state(self, seq: int, snap: dict) -> None:
+        # A cancelled snapshot loop leaves its writer thread running, and stop() then
+        # writes the final snapshot: writers take turns (they share the temp file), and
+        # an older snapshot never replaces a newer one.
+        with self._snap_lock:
+            if seq > self._snap_written:
+                write_json_atomic(self._state_path, snap)
+                self._snap_written = seq
 
     async def _snapshot_loop(self) -> None:
         while True:
@@ -225,9 +239,7 @@ class BrokerController:
 
     def describe_topic(self, name: str) -> TopicStats:
         tc = self.store.topics.require(name)
-        qs = [
-            QueueStats(q, self.store.min_offset(name, q), self.store.max_offset(name, q)) for q in range(tc.queues)
-        ]
+        qs = [QueueStats(q, self.store.min_offset(name, q), self.store.max_offset(name, q)) for q in tc.queue_ids]
         return TopicStats(tc, qs)
 
     def ensure_system_topic(self, name: str) -> None:
@@ -282,7 +294,7 @@ class BrokerController:
         n = tc.queues
         start = self._rr.get(key, 0)
         self._rr[key] = (start + 1) % max(n, 1)
-        queues = [(topic, (start + i) % n) for i in range(n)]
+        queues = [(topic, tc.queue_base + (start + i) % n) for i in range(n)]
         if tc.message_type != MessageType.FIFO and not topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
             rt = retry_topic(group, topic)
             if self.store.topics.get(rt) is not None:
@@ -358,7 +370,7 @@ class BrokerController:
         tc = self.store.topics.get(topic)
         if tc is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
-        if not 0 <= queue_id < tc.queues:
+        if queue_id not in tc.queue_ids:
             raise BadRequestError(f"topic {topic!r} has no queue {queue_id}")
         if max_count < 1:
             raise BadRequestError("max_count must be positive")

@@ -56,3 +56,9 @@ class IllegalFilterExpressionError(BadRequestError):
 
 class FlushTimeoutError(UnimqError):
     code = "MASTER_PERSISTENCE_TIMEOUT"
+
+
+class BrokerWriteBlockedError(UnimqError):
+    """The broker is read-only (draining for scale-in); send to another broker."""
+
+    code = "FORBIDDEN"

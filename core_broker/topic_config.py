@@ -27,11 +27,18 @@ class TopicConfig:
     perm: int = PERM_RW
     system: bool = False
     attributes: dict[str, str] = field(default_factory=dict)
+    # First queue id on this broker. In a separated deployment each broker of a topic
+    # gets its own range, so a queue id names one queue across the cluster.
+    queue_base: int = 0
 
     def __post_init__(self) -> None:
         self.message_type = MessageType(self.message_type)
         if not 1 <= self.queues <= 1024:
             raise BadRequestError(f"a topic has 1 to 1024 queues, not {self.queues}")
+
+    @property
+    def queue_ids(self) -> range:
+        return range(self.queue_base, self.queue_base + self.queues)
 
     @property
     def writable(self) -> bool:

@@ -108,7 +108,7 @@ class LocalBrokerClient:
         tc = self.broker.get_topic(topic)
         if tc is None:
             return None
-        return TopicRoute(tc, [QueueRoute(self.name, q, tc.perm) for q in range(tc.queues)])
+        return TopicRoute(tc, [QueueRoute(self.name, q, tc.perm) for q in tc.queue_ids])
 
     async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
         return self.broker.create_topic(tc, exist_ok)

@@ -84,7 +84,49 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"async: ack from page cache; sync: ack after fsync, group commit (default: {_STORE_DEFAULTS.flush.value})",
     )
     up.add_argument("--log-level", choices=LOG_LEVELS, help=f"log level on stderr (default: {_DEFAULTS.log_level})")
+
+    ns = sub.add_parser("nameserver", help="run a nameserver (separated deployment)")
+    ns.add_argument("--config", type=Path, metavar="FILE")
+    ns.add_argument("--host")
+    ns.add_argument("--port", dest="namesrv_port", type=_port, metavar="N", help="default 9876; 0 = free port")
+    ns.add_argument("--lease-s", dest="nameserver_lease_s", type=float, metavar="S",
+                    help=f"drop a broker not heard from for this long (default {_DEFAULTS.nameserver_lease_s})")
+    ns.add_argument("--log-level", choices=LOG_LEVELS)
+
+    br = sub.add_parser("broker", help="run a broker registered with nameservers (separated deployment)")
+    br.add_argument("--config", type=Path, metavar="FILE")
+    br.add_argument("--data-dir", type=Path, metavar="DIR")
+    br.add_argument("--host")
+    br.add_argument("--port", dest="broker_port", type=_port, metavar="N", help="broker RPC port; 0 = free port")
+    br.add_argument("--namesrv", required=True, metavar="HOST:PORT[,HOST:PORT]")
+    br.add_argument("--name", dest="broker_name", metavar="NAME", help="broker name (default broker-a)")
+    br.add_argument("--heartbeat-s", dest="heartbeat_s", type=float, metavar="S")
+    br.add_argument("--flush", choices=[m.value for m in FlushMode])
+    br.add_argument("--log-level", choices=LOG_LEVELS)
+
+    gw = sub.add_parser("gateway", help="run a stateless gateway in front of brokers (separated deployment)")
+    gw.add_argument("--config", type=Path, metavar="FILE")
+    gw.add_argument("--host")
+    gw.add_argument("--namesrv", required=True, metavar="HOST:PORT[,HOST:PORT]")
+    gw.add_argument("--rpc-port", dest="rpc_port", type=_port, metavar="N", help="processor RPC port")
+    for door, attr in (("mqtt", "mqtt_port"), ("amqp", "amqp_port"), ("http", "http_port"), ("grpc", "grpc_port")):
+        gw.add_argument(f"--{door}-port", dest=attr, type=_port, metavar="N")
+    gw.add_argument("--log-level", choices=LOG_LEVELS)
     return parser
+
+
+def _cmd_role(args: argparse.Namespace, role: str) -> int:
+    """`unimq nameserver|broker|gateway`: the separated deployment's roles."""
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "broker_name")}
+    overrides["role"] = role
+    if getattr(args, "broker_name", None):
+        overrides["broker.broker_name"] = args.broker_name
+    try:
+        settings = load_settings(args.config, overrides)
+    except ValueError as exc:
+        print(f"unimq: error: {exc}", file=sys.stderr)
+        return 2
+    return _serve(settings)
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -104,6 +146,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"unimq: error: {exc}", file=sys.stderr)
         return 2
+    return _serve(settings)
+
+
+def _serve(settings: UnimqSettings) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(),
         stream=sys.stderr,
@@ -136,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "up":
         return _cmd_up(args)
+    if args.command in ("nameserver", "broker", "gateway"):
+        return _cmd_role(args, args.command)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
 
 

@@ -18,7 +18,14 @@ from typing import NamedTuple, Sequence
 from crc32c import crc32c
 
 from core_broker.broker_controller import TopicStats
-from core_broker.errors import BadRequestError, MessageTooLargeError, TopicNotFoundError, UnimqError
+from core_broker.errors import (
+    BadRequestError,
+    BrokerWriteBlockedError,
+    MessageTooLargeError,
+    TopicNotFoundError,
+    UnimqError,
+)
+from core_broker.remoting.client import PeerUnavailableError
 from core_broker.filter import compile_filter
 from core_broker.model import FilterExpression, GetResult, Message, MessageType, StoredMessage
 from core_broker.pop_service import PoppedMessage
@@ -176,10 +183,30 @@ class MessagingProcessor:
             m.queue_id = q.queue_id
             by_broker.setdefault(q.broker, []).append((i, m))
         results: list[SendResult | None] = [None] * len(messages)
-        for broker, items in by_broker.items():
-            put = await self.broker.send(broker, [m for _, m in items], transactional, producer_group)
-            for (i, m), (r, tid) in zip(items, put):
-                results[i] = SendResult(r.message_id, m.topic, broker, m.queue_id, r.queue_offset, tid)
+        failed: set[str] = set()
+        for attempt in range(3):
+            retry: dict[str, list[tuple[int, Message]]] = {}
+            for broker, items in by_broker.items():
+                try:
+                    put = await self.broker.send(broker, [m for _, m in items], transactional, producer_group)
+                except (PeerUnavailableError, BrokerWriteBlockedError):
+                    # separated mode: that broker is down or draining; the topic stays
+                    # writable through the queues of the others
+                    failed.add(broker)
+                    if attempt == 2:
+                        raise
+                    for i, m in items:
+                        route = routes[m.topic]
+                        alive = TopicRoute(route.config, [q for q in route.queues if q.broker not in failed])
+                        q = self._select_queue(alive, m)
+                        m.queue_id = q.queue_id
+                        retry.setdefault(q.broker, []).append((i, m))
+                    continue
+                for (i, m), (r, tid) in zip(items, put):
+                    results[i] = SendResult(r.message_id, m.topic, broker, m.queue_id, r.queue_offset, tid)
+            if not retry:
+                break
+            by_broker = retry
         self.metrics.inc("messages_in", ctx.protocol, len(messages))
         return results  # type: ignore[return-value]
 
@@ -240,16 +267,36 @@ class MessagingProcessor:
         order = brokers[start % len(brokers) :] + brokers[: start % len(brokers)]
         out: list[PoppedMessage] = []
         # ask each broker without waiting first; long-poll the first one only if all are empty
+        live: list[str] = []
         for b in order:
-            out.extend(
-                await self.broker.pop(b, group, topic, max_count - len(out), invisible_ms, filter_expression, 0, from_latest)
-            )
+            try:
+                out.extend(
+                    await self.broker.pop(
+                        b, group, topic, max_count - len(out), invisible_ms, filter_expression, 0, from_latest
+                    )
+                )
+            except PeerUnavailableError:
+                continue  # separated mode: a dead broker's queues are skipped
+            live.append(b)
             if len(out) >= max_count:
                 break
-        if not out and wait_ms > 0:
-            out = await self.broker.pop(
-                order[0], group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest
-            )
+        if not out and wait_ms > 0 and live:
+            # Long-poll one broker; with several, wake often enough to see the others.
+            per = wait_ms if len(live) == 1 else min(wait_ms, 1000)
+            deadline = time.monotonic() + wait_ms / 1000.0
+            i = 0
+            while not out and time.monotonic() < deadline:
+                left = int((deadline - time.monotonic()) * 1000)
+                b = live[i % len(live)]
+                i += 1
+                try:
+                    out = await self.broker.pop(
+                        b, group, topic, max_count, invisible_ms, filter_expression, max(0, min(per, left)), from_latest
+                    )
+                except PeerUnavailableError:
+                    live.remove(b)
+                    if not live:
+                        break
         self.metrics.inc("messages_out", ctx.protocol, len(out))
         return out
 
@@ -346,7 +393,11 @@ class MessagingProcessor:
         self.authorizer.check(ctx, "admin", name)
         if is_system_topic(name) and not is_lmq(name):
             raise BadRequestError("topic names starting with '%' are reserved (doors may create '%LMQ%' queues)")
-        tc = TopicConfig(name, queues=queues or self.config.default_queue_count, message_type=MessageType(message_type))
+        tc = TopicConfig(
+            name,
+            queues=self.config.default_queue_count if queues is None else queues,
+            message_type=MessageType(message_type),
+        )
         return await self.broker.create_topic(tc, exist_ok=exist_ok)
 
     async def update_topic(

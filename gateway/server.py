@@ -191,8 +191,7 @@ async def run(
     without signals. Returns normally after a clean shutdown; raises if start-up
     fails, after undoing whatever had started.
     """
-    from gateway.deployment import merged_processor  # imported late: the store is heavy
-    from gateway.processor import ProcessorConfig
+    from gateway.roles import start_core  # imported late: the store is heavy
 
     loop = asyncio.get_running_loop()
     stop = stop_event if stop_event is not None else asyncio.Event()
@@ -200,22 +199,17 @@ async def run(
     state = ServerState(settings=settings)
     started: list[Door] = []
     try:
-        processor = merged_processor(
-            settings.store,
-            settings.broker,
-            ProcessorConfig(
-                auto_create_topics=settings.auto_create_topics,
-                default_queue_count=settings.default_queue_count,
-                max_message_size=settings.store.max_message_size,
-            ),
-        )
-        # Recovery and file I/O run on a worker thread inside start().
-        await processor.start()
-        state.processor = processor
-        state.store = processor.broker.broker.store  # type: ignore[attr-defined]
-        log.info("store started in %s (flush=%s)", settings.store.data_dir, settings.store.flush.value)
-        await asyncio.to_thread(_declare_topics, state.store, settings)
-        for door in build_doors(state):
+        def on_listen(name: str, addr: tuple[str, int]) -> None:
+            state.listening[name] = addr
+            announce(f"{name} listening on {_format_address(*addr)}")
+
+        # The role's core (nameserver, broker, processor); recovery runs on a worker thread.
+        await start_core(settings, state, started, on_listen)
+        if state.store is not None:
+            log.info("store started in %s (flush=%s)", settings.store.data_dir, settings.store.flush.value)
+        if state.store is not None:
+            await asyncio.to_thread(_declare_topics, state.store, settings)
+        for door in build_doors(state) if state.processor is not None else []:
             if stop.is_set():
                 break
             host, port = await door.start()
@@ -237,10 +231,11 @@ async def run(
             except Exception:  # keep stopping the rest: the store must still be shut down
                 log.exception("error stopping %s door", door.name)
         if state.processor is not None:
-            # Broker state snapshot, then the store: flush, checkpoint, remove the abort
-            # marker. Only after a successful start: removing the marker after a failed
-            # recovery would hide a crash.
+            # The broker door (stopped above, last of all) already wrote the broker state
+            # snapshot and shut the store down (flush, checkpoint, abort marker removed);
+            # this closes the processor's own connections (gateway role).
             await state.processor.stop()
+        if state.store is not None:
             log.info("store shut down cleanly")
         for sig in signals:
             loop.remove_signal_handler(sig)

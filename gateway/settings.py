@@ -88,6 +88,18 @@ class UnimqSettings:
     http_port: int = 8080
     grpc_port: int = 8081
     namesrv_port: int = 9876
+    # Deployment role: "merged" (`unimq up`), or for the separated shape "broker",
+    # "gateway" and "nameserver" (`unimq broker|gateway|nameserver`).
+    role: str = "merged"
+    # Nameserver addresses (host:port[,host:port]) brokers register with and gateways ask.
+    namesrv: str = ""
+    # Broker RPC port; in merged mode 0 (a free port, registered with the embedded nameserver).
+    broker_port: int = 0
+    # A gateway's processor RPC port (the separated test suite and tools call it).
+    rpc_port: int = 8090
+    # Broker heartbeat to nameservers, and the lease after which a silent broker is dropped.
+    heartbeat_s: float = 30.0
+    nameserver_lease_s: float = 120.0
     store: StoreConfig = field(default_factory=StoreConfig)
     # Consumption semantics: retries, dead letters, timers, transactions ([broker] table).
     broker: BrokerConfig = field(default_factory=BrokerConfig)
@@ -111,6 +123,10 @@ class UnimqSettings:
             or self.default_queue_count < 1
         ):
             raise ValueError(f"default_queue_count must be a positive integer, got {self.default_queue_count!r}")
+        if self.role not in ("merged", "broker", "gateway", "nameserver"):
+            raise ValueError(f"role must be merged, broker, gateway or nameserver, got {self.role!r}")
+        if self.role in ("broker", "gateway") and not self.namesrv:
+            raise ValueError(f"the {self.role} role needs nameserver addresses (namesrv = \"host:port\")")
         level = str(self.log_level).lower()
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
@@ -123,7 +139,7 @@ class UnimqSettings:
 
 
 #: The settings that are TCP ports, one per door.
-PORT_FIELDS = ("mqtt_port", "amqp_port", "http_port", "grpc_port", "namesrv_port")
+PORT_FIELDS = ("mqtt_port", "amqp_port", "http_port", "grpc_port", "namesrv_port", "broker_port", "rpc_port")
 
 # Settings that are plain scalars (everything but the [store] table and [[topics]]).
 _SETTINGS_HINTS = typing.get_type_hints(UnimqSettings)
@@ -182,6 +198,9 @@ def load_settings(config_file: Path | None = None, overrides: Mapping[str, Any] 
 
     for key, value in (overrides or {}).items():
         if value is None:
+            continue
+        if key.startswith("broker."):
+            broker[_check_key(key.removeprefix("broker."), _BROKER_FIELDS, "override broker")] = value
             continue
         name = key.removeprefix("store.")
         if key.startswith("store.") or (name not in _SCALAR_SETTINGS and name in _STORE_FIELDS):

@@ -1,0 +1,198 @@
+"""`unimq broker`: one BrokerController served over unimq RPC, registered with nameservers.
+
+The separated deployment's broker role. It registers its topics, queues and
+permission with every configured nameserver and renews the lease by
+heartbeat; any topic change re-registers at once so routes follow quickly.
+Transaction checks flow the other way by polling: gateways ask
+``poll_transaction_checks`` and hand each check to a producer they hold, so a
+broker never needs to know or dial its gateways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from .broker_controller import BrokerController
+from .config import BrokerConfig, StoreConfig
+from .model import StoredMessage
+from .remoting.client import RpcClient
+from .remoting.server import RpcServer
+from .errors import BrokerWriteBlockedError
+from .topic_config import PERM_RW, PERM_WRITE, TopicConfig
+
+log = logging.getLogger("unimq.broker_server")
+
+REMOTE_METHODS = [
+    "ping", "set_perm", "create_topic", "update_topic", "delete_topic", "get_topic", "list_topics",
+    "describe_topic", "send", "end_transaction", "pop", "ack", "change_invisible", "forward_to_dlq", "pull",
+    "commit_offset", "get_offset", "query_offset", "query_by_id", "query_by_key", "kv_put", "kv_get",
+    "kv_items", "poll_transaction_checks",
+]
+
+
+class BrokerServer:
+    def __init__(
+        self,
+        store_config: StoreConfig,
+        broker_config: BrokerConfig,
+        nameservers: list[tuple[str, int]],
+        heartbeat_s: float = 30.0,
+        advertised_host: str = "127.0.0.1",
+    ) -> None:
+        self.controller = BrokerController(store_config, broker_config)
+        self.name = broker_config.broker_name
+        self.nameservers = [RpcClient(h, p, connect_timeout=2.0) for h, p in nameservers]
+        self.heartbeat_s = heartbeat_s
+        self.perm = PERM_RW
+        self.advertised_host = advertised_host
+        self.address = ""
+        self._rpc = RpcServer(self, REMOTE_METHODS, f"broker {self.name}")
+        self._heartbeat: asyncio.Task | None = None
+        self._checks: asyncio.Queue[list[Any]] = asyncio.Queue(maxsize=10_000)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        await self.controller.start()
+        self.controller.set_transaction_checker(self._queue_check)
+        h, p = await self._rpc.start(host, port)
+        self.address = f"{self.advertised_host if host in ('0.0.0.0', '::') else h}:{p}"
+        await self.register()
+        self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
+        return h, p
+
+    async def stop(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        for ns in self.nameservers:
+            try:
+                await ns.call("unregister_broker", self.name, rpc_timeout=1.0)
+            except Exception:
+                pass
+            await ns.close()
+        await self._rpc.stop()
+        await self.controller.stop()
+
+    def _topics(self) -> dict[str, dict]:
+        return {
+            t.name: {"queues": t.queues, "queue_base": t.queue_base, "perm": t.perm, "type": t.message_type.value}
+            for t in self.controller.list_topics(include_system=True)
+        }
+
+    async def register(self) -> int:
+        ok = 0
+        topics = self._topics()
+        for ns in self.nameservers:
+            try:
+                await ns.call("register_broker", self.name, self.address, self.perm, topics, rpc_timeout=3.0)
+                ok += 1
+            except Exception as e:
+                log.debug("nameserver %s unreachable: %s", ns.address, e)
+        return ok
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            await self.register()
+
+    # ------------------------------------------------------------------ remote methods
+
+    def ping(self) -> dict:
+        return {"name": self.name, "perm": self.perm}
+
+    async def set_perm(self, perm: int) -> None:
+        """Write-block (read-only) or reopen this broker, e.g. to drain it before scale-in."""
+        self.perm = perm
+        await self.register()
+
+    async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
+        r = self.controller.create_topic(tc, exist_ok)
+        await self.register()
+        return r
+
+    async def update_topic(self, tc: TopicConfig) -> TopicConfig:
+        r = self.controller.update_topic(tc)
+        await self.register()
+        return r
+
+    async def delete_topic(self, name: str) -> None:
+        self.controller.delete_topic(name)
+        await self.register()
+
+    def get_topic(self, name: str) -> TopicConfig | None:
+        return self.controller.get_topic(name)
+
+    def list_topics(self, include_system: bool = False) -> list[TopicConfig]:
+        return self.controller.list_topics(include_system)
+
+    def describe_topic(self, name: str):
+        return self.controller.describe_topic(name)
+
+    async def send(self, msgs, transactional=False, producer_group=""):
+        if not self.perm & PERM_WRITE:
+            raise BrokerWriteBlockedError(f"broker {self.name} is write-blocked")
+        return await self.controller.send(msgs, transactional=transactional, producer_group=producer_group)
+
+    async def end_transaction(self, transaction_id, commit, source="client"):
+        await self.controller.end_transaction(transaction_id, commit, source)
+
+    async def pop(self, group, topic, max_count, invisible_ms, filter_expression=None, wait_ms=0, from_latest=False):
+        return await self.controller.pop(group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest)
+
+    async def ack(self, group, receipt_handle):
+        await self.controller.ack(group, receipt_handle)
+
+    async def change_invisible(self, group, receipt_handle, invisible_ms):
+        return await self.controller.change_invisible(group, receipt_handle, invisible_ms)
+
+    async def forward_to_dlq(self, group, receipt_handle):
+        await self.controller.forward_to_dlq(group, receipt_handle)
+
+    async def pull(self, topic, queue_id, offset, max_count, filter_expression=None, wait_ms=0):
+        return await self.controller.pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)
+
+    def commit_offset(self, group, topic, queue_id, offset):
+        self.controller.commit_offset(group, topic, queue_id, offset)
+
+    def get_offset(self, group, topic, queue_id):
+        return self.controller.get_offset(group, topic, queue_id)
+
+    def query_offset(self, topic, queue_id, policy="end", timestamp_ms=0):
+        return self.controller.query_offset(topic, queue_id, policy, timestamp_ms)
+
+    def query_by_id(self, message_id):
+        return self.controller.query_by_id(message_id)
+
+    def query_by_key(self, topic, key, begin_ms=0, end_ms=2**62, max_count=32):
+        return self.controller.query_by_key(topic, key, begin_ms, end_ms, max_count)
+
+    async def kv_put(self, namespace, key, value):
+        await self.controller.kv_put(namespace, key, value)
+
+    def kv_get(self, namespace, key):
+        return self.controller.kv_get(namespace, key)
+
+    def kv_items(self, namespace):
+        return self.controller.kv_items(namespace)
+
+    # ------------------------------------------------------------------ transaction checks
+
+    async def _queue_check(self, topic: str, producer_group: str, msg: StoredMessage, tid: str) -> bool:
+        try:
+            self._checks.put_nowait([topic, producer_group, msg, tid])
+            return True
+        except asyncio.QueueFull:
+            return False
+
+    async def poll_transaction_checks(self, wait_ms: int = 10_000) -> list[list[Any]]:
+        """Checks for a gateway to hand to producers: [[topic, producer group, message, tid], ...]."""
+        out: list[list[Any]] = []
+        try:
+            out.append(await asyncio.wait_for(self._checks.get(), wait_ms / 1000.0))
+        except asyncio.TimeoutError:
+            return out
+        while not self._checks.empty() and len(out) < 256:
+            out.append(self._checks.get_nowait())
+        return out

@@ -1,0 +1,105 @@
+"""RPC client: one multiplexed connection to one peer, reconnected on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from ..errors import UnimqError
+from .codec import REQUEST, RESPONSE, FrameDecoder, FrameError, encode
+from .wire import error_from_wire, register_error
+
+
+class PeerUnavailableError(UnimqError):
+    """The broker or nameserver could not be reached (or the connection broke mid-call)."""
+
+    code = "SERVICE_UNAVAILABLE"
+
+
+register_error(PeerUnavailableError)
+
+
+class RpcClient:
+    def __init__(self, host: str, port: int, connect_timeout: float = 3.0) -> None:
+        self.host = host
+        self.port = port
+        self.connect_timeout = connect_timeout
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def _connect(self) -> asyncio.StreamWriter:
+        if self._writer is not None and not self._writer.is_closing():
+            return self._writer
+        async with self._lock:
+            if self._writer is not None and not self._writer.is_closing():
+                return self._writer
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port), self.connect_timeout
+                )
+            except (OSError, asyncio.TimeoutError) as e:
+                raise PeerUnavailableError(f"cannot reach {self.address}: {e}") from None
+            self._writer = writer
+            self._reader_task = asyncio.ensure_future(self._read_loop(reader, writer))
+            return writer
+
+    async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        try:
+            while True:
+                data = await reader.read(262144)
+                if not data:
+                    break
+                for f in decoder.feed(data):
+                    if f[0] != RESPONSE:
+                        continue
+                    fut = self._pending.pop(f[1], None)
+                    if fut is None or fut.done():
+                        continue
+                    if f[2]:
+                        fut.set_result(f[3])
+                    else:
+                        fut.set_exception(error_from_wire(f[3]))
+        except (ConnectionError, FrameError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            if self._writer is writer:
+                self._writer = None
+            err = PeerUnavailableError(f"connection to {self.address} lost")
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(err)
+            self._pending.clear()
+
+    async def call(self, method: str, *args: Any, rpc_timeout: float | None = 60.0, **kwargs: Any) -> Any:
+        writer = await self._connect()
+        call_id = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = fut
+        writer.write(encode([REQUEST, call_id, method, list(args), kwargs]))
+        try:
+            return await asyncio.wait_for(fut, rpc_timeout)
+        except asyncio.TimeoutError:
+            self._pending.pop(call_id, None)
+            raise PeerUnavailableError(f"{method} on {self.address} timed out") from None
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            try:
+                await self._reader_task
+            except asyncio.CancelledError:
+                pass
+            self._reader_task = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

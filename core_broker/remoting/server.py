@@ -1,0 +1,90 @@
+"""RPC server: exposes the public async (or plain) methods of one object.
+
+Each request runs as its own task so a long-polling pop does not hold up the
+acks behind it on the same connection. Only methods listed in ``methods`` are
+callable: the service, not the client, decides what is remote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any, Iterable
+
+from .codec import REQUEST, RESPONSE, FrameDecoder, FrameError, encode
+from .wire import error_to_wire
+
+log = logging.getLogger("unimq.rpc")
+
+
+class RpcServer:
+    def __init__(self, target: Any, methods: Iterable[str], name: str = "rpc") -> None:
+        self.target = target
+        self.methods = {m: getattr(target, m) for m in methods}
+        self.name = name
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: set[asyncio.Task] = set()
+
+    async def start(self, host: str, port: int, sock: Any = None) -> tuple[str, int]:
+        if sock is not None:
+            self._server = await asyncio.start_server(self._handle, sock=sock)
+        else:
+            self._server = await asyncio.start_server(self._handle, host, port)
+        addr = self._server.sockets[0].getsockname()
+        return addr[0], addr[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for t in list(self._conns):
+                t.cancel()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._conns.add(task)  # type: ignore[arg-type]
+        decoder = FrameDecoder()
+        pending: set[asyncio.Task] = set()
+        try:
+            while True:
+                data = await reader.read(262144)
+                if not data:
+                    break
+                try:
+                    frames = decoder.feed(data)
+                except FrameError as e:
+                    log.warning("%s: closing a connection that sent a bad frame: %s", self.name, e)
+                    break
+                for f in frames:
+                    if f[0] != REQUEST or len(f) != 5:
+                        continue
+                    t = asyncio.ensure_future(self._call(f[1], f[2], f[3], f[4], writer))
+                    pending.add(t)
+                    t.add_done_callback(pending.discard)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            for t in pending:
+                t.cancel()
+            self._conns.discard(task)  # type: ignore[arg-type]
+            writer.close()
+
+    async def _call(self, call_id: int, method: str, args: list, kwargs: dict, writer: asyncio.StreamWriter) -> None:
+        fn = self.methods.get(method)
+        try:
+            if fn is None:
+                raise AttributeError(f"no remote method {method!r}")
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            frame = encode([RESPONSE, call_id, True, result])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # every failure goes back to the caller, typed
+            if not getattr(e, "code", None):
+                log.exception("%s: %s failed", self.name, method)
+            frame = encode([RESPONSE, call_id, False, error_to_wire(e)])
+        if not writer.is_closing():
+            writer.write(frame)
