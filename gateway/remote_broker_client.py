@@ -74,7 +74,11 @@ class RemoteBrokerClient:
         try:
             return await self._client(broker).call(method, *args, **kw)
         except PeerUnavailableError:
+            # Leave it out of routes for a while, and re-ask the nameservers soon:
+            # a restarted broker comes back at a new address.
             self._isolated[broker] = time.monotonic() + self.isolate_s
+            self._routes = {t: (r, 0.0) for t, (r, _) in self._routes.items()}
+            self._broker_list = (self._broker_list[0], 0.0)
             raise
 
     def _live(self, broker: str) -> bool:
@@ -85,6 +89,11 @@ class RemoteBrokerClient:
             del self._isolated[broker]
             return True
         return False
+
+    def _note_address(self, broker: str, address: str) -> None:
+        if self._addr.get(broker) not in (None, address):
+            self._isolated.pop(broker, None)  # it came back at a new address: try it at once
+        self._addr[broker] = address
 
     async def _brokers(self, refresh: bool = False) -> list[dict]:
         cached, at = self._broker_list
@@ -97,7 +106,7 @@ class RemoteBrokerClient:
                 return cached  # every nameserver down: keep serving from what we knew
             raise
         for b in brokers:
-            self._addr[b["name"]] = b["address"]
+            self._note_address(b["name"], b["address"])
         self._broker_list = (brokers, time.monotonic())
         if self._checker is not None:
             self._start_pollers()
@@ -125,7 +134,7 @@ class RemoteBrokerClient:
                 queues = []
                 total = 0
                 for e in raw["queues"]:
-                    self._addr[e["broker"]] = e["address"]
+                    self._note_address(e["broker"], e["address"])
                     total += e["queues"]
                     queues += [QueueRoute(e["broker"], e["queue_base"] + i, e["perm"]) for i in range(e["queues"])]
                 tc = TopicConfig(topic, queues=max(1, min(total, 1024)), message_type=raw["type"])
