@@ -18,17 +18,20 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .config import BrokerConfig, StoreConfig
-from .errors import BadRequestError, TopicNotFoundError
+from .errors import BadRequestError, TopicNotFoundError, UnimqError
 from .filter import compile_filter
 from .journal import Journal
 from .json_file import read_json, write_json_atomic
 from .message_store import MessageStore
 from .model import FilterExpression, GetResult, GetStatus, Message, MessageType, PutResult, StoredMessage
 from .pop_service import PoppedMessage, PopService
+from .receipt import InvalidReceiptHandleError, ReceiptHandle
 from .system_topics import (
     DLQ_PREFIX,
+    HALF_TOPIC,
     P_REAL_TOPIC,
     RETRY_PREFIX,
+    TIMER_TOPIC,
     is_system_topic,
     public_properties,
     retry_topic,
@@ -90,6 +93,11 @@ class BrokerController:
         for op, data in self.journal.replay(int(state.get("journal", 0))):
             if op == "kv":
                 self._apply_kv(data)
+                continue
+            if op == "acks":  # ack_batch: several acks in one record
+                for t, q, o in data["a"]:
+                    self.pops.apply("ack", {"g": data["g"], "t": t, "q": q, "o": o})
+                replayed += 1
                 continue
             self.pops.apply(op, data)
             self.timers.apply(op, data)
@@ -185,8 +193,11 @@ class BrokerController:
         for t in topics:
             self._waiters.setdefault(t, set()).add(fut)
         try:
-            await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns normally when
+            # the task is cancelled just as the future completes, losing the cancellation.
+            async with asyncio.timeout(timeout):
+                await fut
+        except TimeoutError:
             pass
         finally:
             for t in topics:
@@ -228,8 +239,21 @@ class BrokerController:
 
     def delete_topic(self, name: str) -> None:
         self.store.topics.delete(name)
-        self.store.delete_topic_queues(name)
-        self.pops.drop_group_topic(name)
+        doomed = [name]
+        if not name.startswith((RETRY_PREFIX, DLQ_PREFIX)):
+            # Each group's retries of the topic go with it: a topic created again under
+            # the same name must not redeliver the old topic's messages.
+            for g in sorted({g for (g, t, _) in self.pops.cursors if t == name}):
+                rt = retry_topic(g, name)
+                if self.store.topics.get(rt) is not None:
+                    self.store.topics.delete(rt)
+                    doomed.append(rt)
+        for t in doomed:
+            self.store.delete_topic_queues(t)
+            self.pops.drop_group_topic(t)
+        # Journaled, so a restart that replays pops of the old topic drops them again
+        # (otherwise a group's cursor would skip the new topic's first messages).
+        self.journal.append("tdel", {"t": doomed})
 
     def get_topic(self, name: str) -> TopicConfig | None:
         return self.store.topics.get(name)
@@ -343,6 +367,37 @@ class BrokerController:
         r = self.pops.ack(group, receipt_handle)
         await self.store.wait_durable(r)
 
+    async def ack_batch(self, group: str, receipt_handles: Sequence[str]) -> list[str | None]:
+        """Ack several popped messages with one journal record (doors that settle in bulk).
+
+        Returns, per handle, None or the error code of a handle that could not be acked.
+        """
+        out: list[str | None] = []
+        done: list[list] = []
+        names: dict[tuple[str, str], tuple[str, str]] = {}  # b64 (broker, topic) -> decoded, per call
+        for h in receipt_handles:
+            try:
+                parts = h.split(".")
+                if len(parts) != 7 or parts[0] != "1":
+                    raise InvalidReceiptHandleError(f"malformed receipt handle {h[:64]!r}")
+                bt = names.get((parts[1], parts[2]))
+                if bt is None:
+                    rh = ReceiptHandle.decode(h)
+                    bt = names[(parts[1], parts[2])] = (rh.broker, rh.topic)
+                rh = ReceiptHandle(bt[0], bt[1], int(parts[3]), int(parts[4]), int(parts[5]), int(parts[6]))
+                c, _inf = self.pops._inflight(group, rh)
+                del c.inflight[rh.offset]
+                done.append([rh.topic, rh.queue_id, rh.offset])
+                out.append(None)
+            except ValueError:
+                out.append(InvalidReceiptHandleError.code)
+            except UnimqError as e:
+                out.append(e.code)
+        if done:
+            r = self.journal.append("acks", {"g": group, "a": done})
+            await self.store.wait_durable(r)
+        return out
+
     async def change_invisible(self, group: str, receipt_handle: str, invisible_ms: int) -> tuple[str, int]:
         if invisible_ms < 0:
             raise BadRequestError("invisible time must not be negative")
@@ -388,6 +443,15 @@ class BrokerController:
             m.properties = public_properties(m.properties)
         return r
 
+    def pull_raw(
+        self, topic: str, queue_id: int, offset: int, max_count: int
+    ) -> tuple[list[bytes], list[int], str, int, int] | None:
+        """Undecoded records for columnar readers (see MessageStore.get_raw); None: use pull()."""
+        tc = self.store.topics.get(topic)
+        if tc is None or queue_id not in tc.queue_ids or max_count < 1:
+            return None
+        return self.store.get_raw(topic, queue_id, offset, max_count)
+
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         if offset < 0:
             raise BadRequestError("offset must not be negative")
@@ -415,8 +479,55 @@ class BrokerController:
             m.properties = public_properties(m.properties)
         return m
 
+    # ------------------------------------------------------------------ observability
+
+    def consumer_lag(self) -> list[tuple[str, str, int]]:
+        """(group, topic, backlog): pop groups by their cursors (retry topics folded into
+        their topic), pull groups by their committed offsets."""
+        lag: dict[tuple[str, str], int] = {}
+        seen: set[tuple[str, str, int]] = set()
+        for (g, t, q), c in list(self.pops.cursors.items()):
+            seen.add((g, t, q))
+            if t.startswith(RETRY_PREFIX):
+                origin = t[len(RETRY_PREFIX) + len(g) + 1 :]
+            elif is_system_topic(t) and not t.startswith(DLQ_PREFIX):
+                continue
+            else:
+                origin = t
+            n = max(self.store.max_offset(t, q) - c.floor(), 0)
+            lag[(g, origin)] = lag.get((g, origin), 0) + n
+        for g in self.store.offsets.groups():
+            for (t, q), off in self.store.offsets.of_group(g).items():
+                if (g, t, q) in seen or (is_system_topic(t) and not t.startswith(DLQ_PREFIX)):
+                    continue
+                n = max(self.store.max_offset(t, q) - off, 0)
+                lag[(g, t)] = lag.get((g, t), 0) + n
+        return [(g, t, n) for (g, t), n in sorted(lag.items())]
+
+    def store_stats(self) -> dict:
+        """Bytes held by the commitlog and the flush thread's fdatasync timings."""
+        cl = self.store.commitlog
+        flush = getattr(self.store, "_flush", None)
+        return {
+            "commitlog_bytes": max(cl.write_pos - cl.min_offset, 0),
+            "flush_buckets": tuple(getattr(flush, "SYNC_BUCKETS_S", ())),
+            "flush_counts": list(getattr(flush, "sync_counts", ())),
+            "flush_seconds_sum": float(getattr(flush, "sync_seconds", 0.0)),
+        }
+
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 32):
         out = self.store.query_by_key(topic, key, begin_ms, end_ms, max_count)
+        # Delay and transactional messages are stored once, in the timer / half queue, and
+        # indexed there (their delivery is a link, which is not indexed): find them under
+        # the topic they are for, as query_by_id does.
+        for sys_topic in (TIMER_TOPIC, HALF_TOPIC):
+            if len(out) >= max_count:
+                break
+            for m in self.store.query_by_key(sys_topic, key, begin_ms, end_ms, 4 * max_count):
+                if m.properties.get(P_REAL_TOPIC) == topic:
+                    m.topic = topic
+                    out.append(m)
+        out = out[:max_count]
         for m in out:
             m.properties = public_properties(m.properties)
         return out

@@ -125,7 +125,7 @@ class CommitLog:
                 continue
             # A blank ends the segment; so does a tail under 12 bytes, which roll() leaves
             # without a blank (no room for one) -- the log continues in the next segment.
-            if kind == 2 or (kind == 0 and mf.end - pos < 12 and idx + 1 < len(files)):
+            if kind == 2 or (kind == 0 and mf.end - pos < 12):
                 idx += 1
                 if idx < len(files):
                     pos = files[idx].base

@@ -111,6 +111,7 @@ class ConsumeQueue:
 
     def truncate_beyond_phys(self, phys_end: int) -> None:
         """Drop tail entries pointing at or past ``phys_end`` (torn commitlog tail)."""
+        cut = False
         while self.max_offset > self.min_offset:
             e = self.entry(self.max_offset - 1)
             if e is None or e[0] + e[1] <= phys_end:
@@ -119,6 +120,13 @@ class ConsumeQueue:
             _pack_into(mf.mm, (self.max_offset - 1) * ENTRY_SIZE - mf.base, 0, 0, 0)  # type: ignore[union-attr]
             mf.dirty = True  # type: ignore[union-attr]
             self.max_offset -= 1
+            cut = True
+        if cut:
+            # Files past the new end hold no entry now: drop them (load() reads max_offset
+            # off the last file), and forget the current file, which the put fast path
+            # trusts to contain max_offset.
+            self.files.drop_from(self.max_offset * ENTRY_SIZE)
+            self._set_cur(None)
 
     def drop_before_phys(self, phys_min: int) -> None:
         """Retention: delete whole segments whose every entry points below ``phys_min``."""

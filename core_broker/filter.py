@@ -295,12 +295,19 @@ def _like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
     return re.compile("".join(out), re.DOTALL)
 
 
+_RESERVED = frozenset({"AND", "OR", "NOT", "IS", "NULL", "BETWEEN", "IN", "LIKE", "ESCAPE", "TRUE", "FALSE"})
+
+
 class _Compiler(Transformer):
     """Turns the lark tree into closures (values: getter or _Const; predicates: Pred)."""
 
     # ---- values
     def prop(self, children: list[Token]) -> Getter:
         name = str(children[0])
+        if name.upper() in _RESERVED:
+            # the contextual lexer reads a keyword where no keyword fits as a name
+            # ("AND", "region = OR"): in SQL92 a reserved word is never a property
+            raise IllegalFilterExpressionError(f"{name!r} is a reserved word, not a property name")
         if name == "TAGS":
             return lambda t, p: t if t else p.get("TAGS")
         return lambda t, p: p.get(name)

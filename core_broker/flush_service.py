@@ -11,6 +11,7 @@ what makes group commit scale with concurrency.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import threading
 import time
 from typing import Callable
@@ -29,6 +30,9 @@ def _fail_all(futs: list[asyncio.Future], exc: BaseException) -> None:
 
 
 class FlushService:
+    # Upper bounds (seconds) of the fdatasync latency histogram the HTTP door's /metrics shows.
+    SYNC_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
     def __init__(
         self,
         *,
@@ -46,12 +50,15 @@ class FlushService:
         self._sync_commitlog = sync_commitlog
         self._checkpoint = checkpoint
         self.flushed = 0
+        self.sync_counts = [0] * (len(self.SYNC_BUCKETS_S) + 1)  # per bucket, last one is +Inf
+        self.sync_seconds = 0.0
         self._work = threading.Event()
         self._cv = threading.Condition()
         self._async_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._waiter_lock = threading.Lock()
         self._stop = False
         self._error: BaseException | None = None
+        self._failures = 0  # flush rounds that failed so far; a waiter only sees later ones
         self._thread = threading.Thread(target=self._run, name="unimq-flush", daemon=True)
 
     def start(self, flushed: int) -> None:
@@ -64,11 +71,12 @@ class FlushService:
         """Block the calling thread until ``offset`` is on disk (sync mode)."""
         if self.flushed >= offset:
             return True
+        seen = self._failures  # an error from a round before this wait is not this write's
         self._work.set()
         deadline = time.monotonic() + timeout
         with self._cv:
             while self.flushed < offset:
-                if self._error is not None:
+                if self._error is not None and self._failures != seen:
                     raise self._error
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -85,7 +93,8 @@ class FlushService:
             return fut
         with self._waiter_lock:
             self._async_waiters.append((offset, loop, fut))
-        self._work.set()
+        if not self._work.is_set():  # set() takes a lock and notifies: skip it when pending anyway
+            self._work.set()
         return fut
 
     # -- the flusher thread ---------------------------------------------------------
@@ -99,7 +108,11 @@ class FlushService:
             try:
                 target = self._snapshot()
                 if target > self.flushed:
+                    t0 = time.perf_counter()
                     self._sync_commitlog()
+                    dt = time.perf_counter() - t0
+                    self.sync_seconds += dt
+                    self.sync_counts[bisect.bisect_left(self.SYNC_BUCKETS_S, dt)] += 1
                     self.flushed = target
                 self._error = None
                 self._release(target)
@@ -131,6 +144,7 @@ class FlushService:
                 pass
 
     def _fail(self, exc: BaseException) -> None:
+        self._failures += 1
         with self._waiter_lock:
             waiters, self._async_waiters = self._async_waiters, []
         for _, loop, fut in waiters:

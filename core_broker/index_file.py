@@ -50,12 +50,15 @@ class IndexFile:
         self.count += 1
         idx = self.count  # entries are 1-based so 0 can mean "empty"
         ENTRY.pack_into(self.mm, self._entries_base + idx * ENTRY.size, h, phys, ts, prev)
-        SLOT.pack_into(self.mm, slot_pos, idx)
         if self.begin_ts == 0:
             self.begin_ts, self.begin_phys = ts, phys
         self.end_ts = max(self.end_ts, ts)
         self.end_phys = max(self.end_phys, phys)
         HEADER.pack_into(self.mm, 0, self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, 0, self.count)
+        # Link the slot last: a kill before this line leaves the entry unlinked (recovery
+        # re-indexes it), never a slot pointing past the stored count, whose entry the
+        # next put would overwrite, cutting the bucket's chain.
+        SLOT.pack_into(self.mm, slot_pos, idx)
         self.mf.dirty = True
 
     def lookup(self, h: int, begin_ts: int, end_ts: int, limit: int, out: list[int]) -> None:
@@ -86,9 +89,22 @@ class IndexService:
 
     def _current(self) -> IndexFile:
         if not self.files or self.files[-1].full:
-            name = f"{time.time_ns():020d}"
-            self.files.append(IndexFile(self.dir / name, self.slots, self.entries, create=True))
+            self._open_next()
         return self.files[-1]
+
+    def _open_next(self) -> None:
+        name = f"{time.time_ns():020d}"
+        self.files.append(IndexFile(self.dir / name, self.slots, self.entries, create=True))
+
+    def reserve(self, n: int) -> None:
+        """Open the next file now if ``n`` more entries would not fit the current one.
+
+        The store calls this before it writes a record, so a full disk refuses the put
+        (StoreFullError) instead of failing after the record is already stored.
+        """
+        f = self.files[-1] if self.files else None
+        if f is None or (f.count and f.count + n > f.entries):
+            self._open_next()
 
     def put(self, key: str, phys: int, ts: int) -> None:
         self._current().put(key_hash(key), phys, ts)

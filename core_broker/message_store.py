@@ -22,6 +22,7 @@ Layout of ``data_dir``::
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import secrets
@@ -65,6 +66,17 @@ PUT_OK = PutStatus.PUT_OK
 _new_tuple = tuple.__new__  # builds PutResult without NamedTuple's Python-level __new__
 _encode = record.encode
 _cq_pack = CQ_ENTRY.pack_into  # consume-queue entries one filtered get may skip before answering
+# For the put paths' inlined copies of record.encode's fast path (bare messages).
+_cq_entry = CQ_ENTRY.pack
+_pack_fixed = record.FIXED.pack
+_pack_prefix = record.PREFIX.pack
+_crc32c = record.crc32c
+_MAGIC = record.MAGIC_MESSAGE
+_HEADER_SIZE = record.HEADER_SIZE
+_NOT_LINK = ~record.FLAG_LINK  # a put never stores the link bit (see record.encode)
+_time = time.time
+_get_running_loop = asyncio.get_running_loop
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
 class MessageFilter(Protocol):
@@ -104,6 +116,7 @@ class MessageStore:
         self._sync = config.flush == FlushMode.SYNC
         self._max_size = config.max_message_size
         self._flush: FlushService | None = None
+        self._put_queues: dict[asyncio.AbstractEventLoop, list] = {}  # sync-mode put_async groups per loop
         self._housekeeping: threading.Thread | None = None
         self._hk_stop = threading.Event()
         self.recovered_abnormally = False
@@ -192,10 +205,13 @@ class MessageStore:
         if not self.commitlog.files.files:
             self.commitlog.set_write_pos(int(cp.get("clean_end", cp.get("safe", 0))) if not crashed else 0)
             return
-        if not crashed:
+        # Consume queues lost (deleted by hand, restored from a backup without them):
+        # rebuild them from the commitlog even after a clean stop.
+        rebuild = not self._cq_root.exists()
+        if not crashed and not rebuild:
             self.commitlog.set_write_pos(int(cp["clean_end"]))
             return
-        self.recovered_abnormally = True
+        self.recovered_abnormally = crashed
         safe = int(cp.get("safe", first))
         if safe < first or self.commitlog.files.find(safe) is None or not self._cq_root.exists():
             safe = first
@@ -271,20 +287,50 @@ class MessageStore:
         """Append one message and dispatch it. Caller holds ``_lock``.
 
         Written flat on purpose: this is the hottest function of the broker, and
-        every attribute lookup and call here costs measurable throughput.
+        every attribute lookup and call here costs measurable throughput. A bare
+        message (no tag, keys, properties, ids or extra queues: the common case)
+        is encoded inline by record.encode's fast path, the same bytes.
         """
         if not self._running:
             raise StoreClosedError("the store is not running")
         if self._refuse_puts:
             raise StoreFullError("the data disk is nearly full; puts are refused until space is freed")
-        if len(msg.body) > self._max_size:
+        body = msg.body
+        if len(body) > self._max_size:
             raise MessageTooLargeError(
-                f"message body of {len(msg.body)} bytes exceeds the limit of {self.config.max_message_size}"
+                f"message body of {len(body)} bytes exceeds the limit of {self.config.max_message_size}"
             )
-        cq = self._cqs.get((msg.topic, msg.queue_id)) or self._cq(msg.topic, msg.queue_id)
+        topic = msg.topic
+        cq = self._cqs.get((topic, msg.queue_id)) or self._cq(topic, msg.queue_id)
         qo = cq.max_offset
         if qo >= cq.limit or cq._cur is None:
             cq.ensure(qo)  # may raise StoreFullError before anything is written
+        cl = self.commitlog
+        if not (msg.extra_dispatch or msg.keys or msg.message_id or msg.tag or msg.message_group
+                or msg.properties or msg.born_host):
+            tb = topic.encode()
+            pb = msg.protocol.encode()
+            size = _HEADER_SIZE + len(tb) + len(pb) + len(body)
+            pos = cl.write_pos
+            cur = cl.current
+            if cur is None or pos + size > cur.base + cur.size:
+                if size > cl.segment_size:
+                    raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
+                pos = cl.roll(size)
+                cur = cl.current
+            tail = _pack_fixed(
+                msg.flags & _NOT_LINK, msg.queue_id, qo, pos, msg.born_timestamp_ms or now, now, msg.delivery_time_ms, -1, 0,
+                msg.reconsume_times, len(tb), 0, 0, 0, 0, len(pb), 0, 0, 0, len(body),
+            ) + tb + pb + body
+            off = pos - cur.base  # type: ignore[union-attr]
+            cur.mm[off : off + size] = _pack_prefix(size, _MAGIC, _crc32c(tail)) + tail  # type: ignore[union-attr]
+            cur.dirty = True  # type: ignore[union-attr]
+            cl.write_pos = pos + size
+            cqf = cq._cur  # ensured above: qo falls in this file
+            _cq_pack(cqf.mm, qo * 20 - cqf.base, pos, size, 0)
+            cqf.dirty = True
+            cq.max_offset = qo + 1
+            return _new_tuple(PutResult, (PUT_OK, "%s%016X" % (self._id_prefix, pos), msg.queue_id, qo, pos, size, ()))
         extra = msg.extra_dispatch
         dispatch = b""
         extra_offsets: tuple[int, ...] = ()
@@ -296,6 +342,8 @@ class MessageStore:
             for c, o in zip(cqs, extra_offsets):
                 c.ensure(o)
             dispatch = record.encode_dispatch(extra, extra_offsets)
+        if msg.keys or msg.message_id:  # a new index file may be needed: make it before writing
+            self.index.reserve(len(msg.keys) + (1 if msg.message_id else 0))
         cl = self.commitlog
         pos = cl.write_pos
         data = _encode(msg, qo, pos, now, dispatch)
@@ -333,81 +381,173 @@ class MessageStore:
 
     def put(self, msg: Message) -> PutResult:
         """Store one message; in sync flush mode, return only once it is on disk."""
-        now = int(time.time() * 1000)
-        with self._lock:
+        now = int(_time() * 1000)
+        lock = self._lock
+        lock.acquire()
+        try:
             r = self._put_locked(msg, now)
+        finally:
+            lock.release()
         if self._sync:
             return self._await_flush_blocking(r)
         return r
 
     def _put_batch_locked(self, msgs: Sequence[Message], now: int) -> list[PutResult]:
-        """Append a batch with one copy into the segment; falls back per message when needed.
+        """Append a batch with one write into the segment; falls back per message when needed.
 
         Messages with extra dispatch targets, keys or client ids take the single path
-        (they touch more indexes); plain ones are encoded back to back and copied
-        into the mapping once, which is what lets large messages approach disk speed.
+        (they touch more indexes). The others are encoded back to back (plain ones by
+        the codec's fast path inlined here: one struct pack, the CRC chained over the
+        body, which is never copied before the write), written with one ``pwritev``
+        into the segment file, and their consume-queue entries copied in once per
+        queue. ``pwritev`` rather than a copy into the mapping because the first
+        write into a page of a fresh segment through the mapping costs a page fault,
+        several times what write(2) costs for the same bytes (see bench/RESULTS.md).
+        Nothing is written before every queue file the batch needs exists, so a
+        full disk refuses the batch without storing half of it.
         """
         if not self._running:
             raise StoreClosedError("the store is not running")
         if self._refuse_puts:
             raise StoreFullError("the data disk is nearly full; puts are refused until space is freed")
         results: list[PutResult] = []
+        add = results.append
         cl = self.commitlog
         limit = self._max_size
-        prefix = self._id_prefix
-        pending: list[bytes] = []
-        entries: list[tuple[ConsumeQueue, int, int, int, int]] = []
-        nexts: dict[ConsumeQueue, int] = {}  # next queue offset per queue within this batch
+        idfmt = self._id_prefix.replace("%", "%%") + "%016X"
+        pending: list[bytes] = []  # encoded records not yet written (a plain one as head, body)
+        runs: dict[tuple[str, int], list] = {}  # (topic, queue) -> [cq, first queue offset, entries]
         start = pos = cl.write_pos
         cur = cl.current
         end = cur.base + cur.size if cur is not None else -1
-
-        def flush_pending() -> None:
+        last_topic = last_proto = None
+        last_qid = 0
+        run: list = []
+        cq = ents = tp = None
+        lt = lp = hsz = 0
+        try:
+            for m in msgs:
+                body = m.body
+                if m.extra_dispatch or m.keys or m.message_id or len(body) > limit:
+                    if pending:
+                        self._write_pending(cur, start, pos, pending, runs)
+                    runs.clear()
+                    last_topic = None
+                    add(self._put_locked(m, now))
+                    start = pos = cl.write_pos
+                    cur = cl.current
+                    end = cur.base + cur.size if cur is not None else -1
+                    continue
+                topic = m.topic
+                qid = m.queue_id
+                proto = m.protocol
+                if topic != last_topic or qid != last_qid or proto != last_proto:
+                    key = (topic, qid)
+                    run = runs.get(key)  # type: ignore[assignment]
+                    if run is None:
+                        cq = self._cqs.get(key) or self._cq(topic, qid)
+                        run = runs[key] = [cq, cq.max_offset, []]
+                    cq, ents = run[0], run[2]
+                    tb = topic.encode()
+                    pb = proto.encode()
+                    tp, lt, lp = tb + pb, len(tb), len(pb)
+                    hsz = _HEADER_SIZE + lt + lp
+                    last_topic, last_qid, last_proto = topic, qid, proto
+                qo = run[1] + len(ents)  # type: ignore[arg-type]
+                if qo >= cq.limit:  # type: ignore[union-attr]
+                    cq.ensure(qo)  # type: ignore[union-attr]  # may raise StoreFullError: nothing written yet
+                tag = m.tag
+                if tag or m.message_group or m.properties or m.born_host:
+                    data = _encode(m, qo, pos, now)
+                    size = len(data)
+                    if pos + size > end:
+                        pos, cur, end = self._roll_batch(cur, start, pos, pending, runs, size)
+                        start = pos
+                        data = _encode(m, qo, pos, now)
+                    pending.append(data)
+                    th = (self._tag_hashes.get(tag) or self._tag_hash(tag)) if tag else 0
+                else:
+                    # record.encode's fast path for a bare message, inlined (same bytes).
+                    size = hsz + len(body)
+                    if pos + size > end:
+                        pos, cur, end = self._roll_batch(cur, start, pos, pending, runs, size)
+                        start = pos
+                    head = _pack_fixed(
+                        m.flags & _NOT_LINK, qid, qo, pos, m.born_timestamp_ms or now, now, m.delivery_time_ms, -1, 0,
+                        m.reconsume_times, lt, 0, 0, 0, 0, lp, 0, 0, 0, len(body),
+                    ) + tp  # type: ignore[operator]
+                    pending.append(_pack_prefix(size, _MAGIC, _crc32c(body, _crc32c(head))) + head)
+                    pending.append(body)
+                    th = 0
+                ents.append(_cq_entry(pos, size, th))  # type: ignore[union-attr]
+                add(_new_tuple(PutResult, (PUT_OK, idfmt % pos, qid, qo, pos, size, ())))
+                pos += size
             if pending:
-                off = start - cur.base  # type: ignore[union-attr]
-                data = b"".join(pending)
-                cur.mm[off : off + len(data)] = data  # type: ignore[union-attr]
-                cur.dirty = True  # type: ignore[union-attr]
-                cl.write_pos = start + len(data)
-                for cq, qo, p, sz, th in entries:
-                    cq.put(qo, p, sz, th)
-                pending.clear()
-                entries.clear()
-                nexts.clear()
-
-        for m in msgs:
-            if m.extra_dispatch or m.keys or m.message_id or len(m.body) > limit:
-                flush_pending()
-                results.append(self._put_locked(m, now))
-                start = pos = cl.write_pos
-                cur = cl.current
-                end = cur.base + cur.size if cur is not None else -1
-                continue
-            cq = self._cqs.get((m.topic, m.queue_id)) or self._cq(m.topic, m.queue_id)
-            qo = nexts.get(cq)
-            if qo is None:
-                qo = cq.max_offset
-            nexts[cq] = qo + 1
-            cq.ensure(qo)
-            data = _encode(m, qo, pos, now)
-            size = len(data)
-            if pos + size > end:
-                flush_pending()
-                if size > cl.segment_size:
-                    raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
-                nexts[cq] = qo + 1  # flush_pending() forgot this message's reservation
-                pos = start = cl.roll(size)
-                cur = cl.current
-                end = cur.base + cur.size  # type: ignore[union-attr]
-                data = _encode(m, qo, pos, now)
-            pending.append(data)
-            tag = m.tag
-            th = (self._tag_hashes.get(tag) or self._tag_hash(tag)) if tag else 0
-            entries.append((cq, qo, pos, size, th))
-            results.append(_new_tuple(PutResult, (PUT_OK, "%s%016X" % (prefix, pos), m.queue_id, qo, pos, size, ())))
-            pos += size
-        flush_pending()
+                self._write_pending(cur, start, pos, pending, runs)
+        except BaseException:
+            # Nothing of the unwritten tail is visible; point each queue back at the file
+            # holding its next offset (ensure() may have moved it to a file ahead).
+            for r in runs.values():
+                try:
+                    r[0].ensure(r[0].max_offset)
+                except Exception:
+                    pass
+            raise
         return results
+
+    def _roll_batch(self, cur, start: int, pos: int, pending: list, runs: dict, size: int):
+        """Write what a batch has pending, then start the next segment for a ``size``-byte record."""
+        if pending:
+            self._write_pending(cur, start, pos, pending, runs)
+        cl = self.commitlog
+        if size > cl.segment_size:
+            raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
+        pos = cl.roll(size)
+        cur = cl.current
+        return pos, cur, cur.base + cur.size
+
+    def _write_pending(self, cur, start: int, end: int, pending: list, runs: dict) -> None:
+        """Write a batch's records [start, end) into segment ``cur``, then their queue entries."""
+        off = start - cur.base
+        total = end - start
+        try:
+            if len(pending) <= _IOV_MAX:
+                done = os.pwritev(cur.fd, pending, off)
+                if done != total:  # a short write: copy the rest through the mapping
+                    data = b"".join(pending)
+                    cur.mm[off + done : off + total] = data[done:]
+            else:
+                cur.mm[off : off + total] = b"".join(pending)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFullError("no space left on the data disk") from e
+            raise
+        cur.dirty = True
+        self.commitlog.write_pos = end
+        pending.clear()
+        for run in runs.values():
+            ents = run[2]
+            n = len(ents)
+            if not n:
+                continue
+            cq, first = run[0], run[1]
+            f = cq._cur
+            p = first * 20
+            if f is not None and f.base <= p and p + 20 * n <= f.base + f.size:
+                o = p - f.base
+                f.mm[o : o + 20 * n] = ents[0] if n == 1 else b"".join(ents)
+                f.dirty = True
+            else:  # the entries span two queue files
+                for i, e in enumerate(ents):
+                    cq.ensure(first + i)
+                    f = cq._cur
+                    o = (first + i) * 20 - f.base
+                    f.mm[o : o + 20] = e
+                    f.dirty = True
+            if first + n > cq.max_offset:
+                cq.max_offset = first + n
+            run[1] = first + n
+            ents.clear()
 
     def put_batch(self, msgs: Sequence[Message]) -> list[PutResult]:
         """Store many messages under one lock acquisition and one flush wait."""
@@ -421,13 +561,61 @@ class MessageStore:
         return results
 
     async def put_async(self, msg: Message) -> PutResult:
-        """Event-loop variant: the write is a memcpy; in sync mode await the group commit."""
-        now = int(time.time() * 1000)
-        with self._lock:
-            r = self._put_locked(msg, now)
-        if self._sync:
-            await self._flush.future(r.commitlog_offset + r.store_size)  # type: ignore[union-attr]
-        return r
+        """Event-loop variant: the write is a memcpy; in sync mode await the group commit.
+
+        In sync mode the write is deferred to one callback that writes every
+        put_async queued on this loop meanwhile (:meth:`_drain_puts`): one lock
+        acquisition, one flush registration and one wake-up per group instead of
+        per message, which is what lets many concurrent writers share each
+        fdatasync cheaply. A put cancelled before its group is written is not stored.
+        """
+        if not self._sync:
+            now = int(_time() * 1000)
+            with self._lock:
+                return self._put_locked(msg, now)
+        loop = _get_running_loop()
+        fut = loop.create_future()
+        q = self._put_queues.get(loop)
+        if q is None:
+            q = self._put_queues[loop] = []
+            loop.call_soon(self._drain_puts, loop)
+        q.append((msg, fut))
+        return await fut
+
+    def _drain_puts(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Write the put_async group queued on ``loop`` (sync mode); settle it after one flush."""
+        q = self._put_queues.pop(loop, ())
+        done: list[tuple[asyncio.Future, PutResult]] = []
+        now = int(_time() * 1000)
+        try:
+            with self._lock:
+                for msg, fut in q:
+                    if fut.done():  # cancelled before it was written
+                        continue
+                    try:
+                        done.append((fut, self._put_locked(msg, now)))
+                    except Exception as e:  # this message's error; the group goes on
+                        fut.set_exception(e)
+            if done:
+                r = done[-1][1]  # written in order under one lock: the last one ends the group
+                self._flush.future(r.commitlog_offset + r.store_size).add_done_callback(  # type: ignore[union-attr]
+                    lambda w: self._settle_puts(done, w)
+                )
+        except BaseException as e:
+            for fut, _ in q:
+                if not fut.done():
+                    fut.set_exception(e)
+            raise
+
+    @staticmethod
+    def _settle_puts(done: list[tuple[asyncio.Future, PutResult]], flushed: asyncio.Future) -> None:
+        exc = asyncio.CancelledError() if flushed.cancelled() else flushed.exception()
+        for fut, r in done:
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(r)
+                else:
+                    fut.set_exception(exc)
 
     async def put_batch_async(self, msgs: Sequence[Message]) -> list[PutResult]:
         now = int(time.time() * 1000)
@@ -605,6 +793,40 @@ class MessageStore:
                 break
         status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, out, next_off, lo, hi)
+
+    def get_raw(
+        self, topic: str, queue_id: int, offset: int, max_count: int
+    ) -> tuple[list[bytes], list[int], str, int, int] | None:
+        """Consecutive records ``[offset, offset+n)`` of one queue as stored bytes, undecoded.
+
+        For bulk (columnar) readers such as the HTTP door's Arrow pages: decoding message by
+        message in Python is what bounds a pull. Answers (records, their commitlog offsets, the
+        message-id prefix, the queue's min and max offset). None whenever :meth:`get` must be used instead: offset not in
+        ``[min, max)``, or a record in range is a link, unreadable or gone to retention.
+        """
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None or not cq.min_offset <= offset < cq.max_offset:
+            return None
+        out: list[bytes] = []
+        phys_out: list[int] = []
+        find = self.commitlog.files.find
+        limit = self.commitlog.write_pos
+        mf = None
+        try:
+            for phys, size, _th in cq.get(offset, max_count):
+                if mf is None or not mf.base <= phys < mf.base + mf.size:
+                    mf = find(phys)
+                    if mf is None:
+                        return None
+                pos = phys - mf.base
+                rec = mf.mm[pos : pos + size]
+                if phys + size > limit or len(rec) != size or size < record.HEADER_SIZE or rec[12] & record.FLAG_LINK:
+                    return None
+                out.append(rec)
+                phys_out.append(phys)
+        except (ValueError, CorruptRecordError):  # a segment unmapped by retention meanwhile
+            return None
+        return out, phys_out, self._id_prefix, cq.min_offset, cq.max_offset
 
     def read_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         """The message at one queue offset, or None if it is gone or not there yet."""

@@ -349,6 +349,11 @@ class PopService:
     # -- journal replay and snapshot -------------------------------------------------
 
     def apply(self, op: str, d: dict) -> None:
+        if op == "tdel":  # topics deleted (BrokerController.delete_topic)
+            for t in d["t"]:
+                self.drop_group_topic(t)
+                self.store.offsets.delete_topic(t)
+            return
         if op == "pop":
             key = (d["g"], d["t"], d["q"])
             c = self.cursors.get(key)

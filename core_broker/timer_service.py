@@ -131,6 +131,12 @@ class TimerService:
             if topic is None:
                 self.tracker.mark_done(tq)
                 continue
+            if self.store.topics.get(topic) is None:
+                # its topic was deleted while it waited: dispatching would put it in a queue
+                # no topic owns, where a topic created again under that name would find it
+                self.journal.append("tfire", {"tq": tq})
+                self.tracker.mark_done(tq)
+                continue
             qid = int(m.properties.get(P_REAL_QUEUE, "0"))
             self.journal.link(phys, topic, qid, "tfire", {"tq": tq}, reconsume_times=m.reconsume_times)
             self.tracker.mark_done(tq)
@@ -149,8 +155,11 @@ class TimerService:
             if self._heap:
                 delay = max(0.0, min(1.0, (self._heap[0][0] - now_ms()) / 1000.0))
             try:
-                await asyncio.wait_for(self._wake.wait(), delay)
-            except asyncio.TimeoutError:
+                # Not wait_for: on Python 3.11 it swallows a cancel() that arrives as the
+                # event is set (a send scheduling an earlier timer), and stop() then hangs.
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            except TimeoutError:
                 pass
 
     def start(self) -> None:
