@@ -14,7 +14,10 @@ UNIMQ_ARGS   ?=
 PYTEST_ARGS  ?=
 # Debian packages the test suite needs (real protocol peers such as mosquitto).
 # Installed with apt-get when running as root and missing; skipped when empty.
-APT_PACKAGES ?=
+APT_PACKAGES ?= mosquitto mosquitto-clients curl
+# Spark (spark_ingest, tests/test_spark_*.py) needs a Java 17+ runtime; installed only when
+# no `java` is on PATH (any existing JDK/JRE 17 or 21 is used as is).
+JAVA_PACKAGE ?= openjdk-17-jre-headless
 
 .PHONY: run test bench install apt-deps clean-venv
 
@@ -44,9 +47,11 @@ apt-deps:
 	for p in $(APT_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
 	done; \
+	command -v java >/dev/null || missing="$$missing $(JAVA_PACKAGE)"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "make: apt-get install$$missing"; \
+	    mkdir -p /usr/share/man/man1; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	  else \
 	    echo "make: missing Debian packages:$$missing (not root: install them yourself; tests that need them will fail or skip)" >&2; \

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .config import BrokerConfig, StoreConfig
 from .errors import BadRequestError, TopicNotFoundError, UnimqError
@@ -78,6 +78,8 @@ class BrokerController:
         # Small durable state for the doors (MQTT sessions and retained messages, AMQP
         # exchanges/queues/bindings, HTTP push subscriptions): journaled + snapshotted.
         self.kv: dict[str, dict[str, bytes]] = {}
+        # Called when the broker creates a topic itself (retry and dead-letter topics).
+        self.on_topics_changed: Callable[[], None] | None = None
         self.started = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -93,6 +95,9 @@ class BrokerController:
         for op, data in self.journal.replay(int(state.get("journal", 0))):
             if op == "kv":
                 self._apply_kv(data)
+                continue
+            if op == "off":
+                self.store.offsets.commit(data["g"], data["t"], data["q"], data["o"])
                 continue
             if op == "acks":  # ack_batch: several acks in one record
                 for t, q, o in data["a"]:
@@ -160,6 +165,8 @@ class BrokerController:
         # an older snapshot never replaces a newer one.
         with self._snap_lock:
             if seq > self._snap_written:
+                # offsets first: the journal after this snapshot replays only later commits
+                self.store.offsets.persist()
                 write_json_atomic(self._state_path, snap)
                 self._snap_written = seq
 
@@ -269,6 +276,8 @@ class BrokerController:
     def ensure_system_topic(self, name: str) -> None:
         if self.store.topics.get(name) is None:
             self.store.topics.create(TopicConfig(name, queues=1, system=True), exist_ok=True)
+            if self.on_topics_changed is not None:
+                self.on_topics_changed()  # separated mode: the nameservers learn of it now
 
     # ------------------------------------------------------------------ produce
 
@@ -452,10 +461,13 @@ class BrokerController:
             return None
         return self.store.get_raw(topic, queue_id, offset, max_count)
 
-    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Commit a pull consumer's offset; journaled, so a crash does not roll it back."""
         if offset < 0:
             raise BadRequestError("offset must not be negative")
+        r = self.journal.append("off", {"g": group, "t": topic, "q": queue_id, "o": offset})
         self.store.offsets.commit(group, topic, queue_id, offset)
+        await self.store.wait_durable(r)
 
     def get_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         return self.store.offsets.get(group, topic, queue_id)

@@ -57,6 +57,7 @@ class BrokerServer:
     async def start(self, host: str, port: int) -> tuple[str, int]:
         await self.controller.start()
         self.controller.set_transaction_checker(self._queue_check)
+        self.controller.on_topics_changed = lambda: asyncio.ensure_future(self.register())
         h, p = await self._rpc.start(host, port)
         self.address = f"{self.advertised_host if host in ('0.0.0.0', '::') else h}:{p}"
         await self.register()
@@ -153,8 +154,8 @@ class BrokerServer:
     async def pull(self, topic, queue_id, offset, max_count, filter_expression=None, wait_ms=0):
         return await self.controller.pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)
 
-    def commit_offset(self, group, topic, queue_id, offset):
-        self.controller.commit_offset(group, topic, queue_id, offset)
+    async def commit_offset(self, group, topic, queue_id, offset):
+        await self.controller.commit_offset(group, topic, queue_id, offset)
 
     def get_offset(self, group, topic, queue_id):
         return self.controller.get_offset(group, topic, queue_id)

@@ -50,6 +50,12 @@ class BadRequestError(UnimqError):
     code = "BAD_REQUEST"
 
 
+class InvalidArgumentError(BadRequestError, ValueError):
+    """A bad argument value (also a ValueError, for Python callers' sake)."""
+
+    code = "BAD_REQUEST"
+
+
 class IllegalFilterExpressionError(BadRequestError):
     code = "ILLEGAL_FILTER_EXPRESSION"
 

@@ -18,7 +18,7 @@ from core_broker.broker_controller import BrokerController, TopicStats
 from core_broker.errors import BadRequestError
 from core_broker.model import FilterExpression, GetResult, Message, PutResult, StoredMessage
 from core_broker.pop_service import PoppedMessage
-from core_broker.topic_config import TopicConfig
+from core_broker.topic_config import PERM_WRITE, TopicConfig
 from core_broker.transaction_service import TransactionChecker
 
 
@@ -37,6 +37,14 @@ class TopicRoute:
     @property
     def brokers(self) -> list[str]:
         return sorted({q.broker for q in self.queues})
+
+    @property
+    def writable(self) -> list[QueueRoute]:
+        """The writable queues, computed once per route object (the send path asks per message)."""
+        w = self.__dict__.get("_writable")
+        if w is None:
+            w = self.__dict__["_writable"] = [q for q in self.queues if q.perm & PERM_WRITE]
+        return w
 
 
 class BrokerClient(Protocol):
@@ -81,6 +89,9 @@ class BrokerClient(Protocol):
     async def kv_get(self, namespace: str, key: str) -> bytes | None: ...
     async def kv_items(self, namespace: str) -> dict[str, bytes]: ...
 
+    async def consumer_lag(self) -> list[tuple[str, str, int]]: ...
+    async def store_stats(self) -> dict: ...
+
 
 class LocalBrokerClient:
     """Merged deployment: the broker lives in this process; calls are direct."""
@@ -89,6 +100,7 @@ class LocalBrokerClient:
         self.broker = controller
         self.name = controller.name
         self._owns = owns
+        self._routes: dict[str, TopicRoute] = {}
 
     async def start(self) -> None:
         if self._owns and not self.broker.started:
@@ -108,7 +120,12 @@ class LocalBrokerClient:
         tc = self.broker.get_topic(topic)
         if tc is None:
             return None
-        return TopicRoute(tc, [QueueRoute(self.name, q, tc.perm) for q in tc.queue_ids])
+        # Reused while the topic's config object is the same one (any change replaces it).
+        cached = self._routes.get(topic)
+        if cached is not None and cached.config is tc:
+            return cached
+        r = self._routes[topic] = TopicRoute(tc, [QueueRoute(self.name, q, tc.perm) for q in tc.queue_ids])
+        return r
 
     async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
         return self.broker.create_topic(tc, exist_ok)
@@ -144,6 +161,9 @@ class LocalBrokerClient:
     async def ack(self, broker, group, receipt_handle):
         await self._check(broker).ack(group, receipt_handle)
 
+    async def ack_batch(self, broker, group, receipt_handles):
+        return await self._check(broker).ack_batch(group, receipt_handles)
+
     async def change_invisible(self, broker, group, receipt_handle, invisible_ms):
         return await self._check(broker).change_invisible(group, receipt_handle, invisible_ms)
 
@@ -154,8 +174,11 @@ class LocalBrokerClient:
     async def pull(self, broker, topic, queue_id, offset, max_count, filter_expression, wait_ms):
         return await self._check(broker).pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)
 
+    async def pull_raw(self, broker, topic, queue_id, offset, max_count):
+        return self._check(broker).pull_raw(topic, queue_id, offset, max_count)
+
     async def commit_offset(self, broker, group, topic, queue_id, offset):
-        self._check(broker).commit_offset(group, topic, queue_id, offset)
+        await self._check(broker).commit_offset(group, topic, queue_id, offset)
 
     async def get_offset(self, broker, group, topic, queue_id):
         return self._check(broker).get_offset(group, topic, queue_id)
@@ -179,3 +202,10 @@ class LocalBrokerClient:
 
     async def kv_items(self, namespace):
         return self.broker.kv_items(namespace)
+
+    # -- observability
+    async def consumer_lag(self):
+        return self.broker.consumer_lag()
+
+    async def store_stats(self):
+        return self.broker.store_stats()

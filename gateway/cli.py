@@ -83,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[m.value for m in FlushMode],
         help=f"async: ack from page cache; sync: ack after fsync, group commit (default: {_STORE_DEFAULTS.flush.value})",
     )
+    up.add_argument("--grpc-tls-cert", metavar="PEM", help="serve the gRPC door over TLS with this certificate (chain)")
+    up.add_argument("--grpc-tls-key", metavar="PEM", help="private key of --grpc-tls-cert")
     up.add_argument("--log-level", choices=LOG_LEVELS, help=f"log level on stderr (default: {_DEFAULTS.log_level})")
+    up.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="set any knob, e.g. store.commitlog_segment_size=67108864 or broker.max_delivery_attempts=5 "
+                         "(VALUE in TOML syntax; bare words are strings); repeatable, wins over the config file")
 
     ns = sub.add_parser("nameserver", help="run a nameserver (separated deployment)")
     ns.add_argument("--config", type=Path, metavar="FILE")
@@ -112,16 +117,44 @@ def build_parser() -> argparse.ArgumentParser:
     for door, attr in (("mqtt", "mqtt_port"), ("amqp", "amqp_port"), ("http", "http_port"), ("grpc", "grpc_port")):
         gw.add_argument(f"--{door}-port", dest=attr, type=_port, metavar="N")
     gw.add_argument("--log-level", choices=LOG_LEVELS)
+    for p in (ns, br, gw):
+        p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                       help="set any knob (see `unimq up --help`)")
+
+    from adapters.cloudevents import topic_cli  # `unimq topic ...`: admin over the HTTP door (stdlib only)
+
+    topic_cli.add_parser(sub)
+    from spark_ingest import demo  # `unimq demo`: producers for the Spark story (imports clients lazily)
+
+    demo.add_parser(sub)
     return parser
+
+
+def _parse_sets(items: list[str]) -> dict[str, object]:
+    """``--set key=value`` pairs; the value is read as TOML (numbers, booleans, arrays) or a string."""
+    import tomllib
+
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        out[key.strip()] = value
+    return out
 
 
 def _cmd_role(args: argparse.Namespace, role: str) -> int:
     """`unimq nameserver|broker|gateway`: the separated deployment's roles."""
-    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "broker_name")}
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "broker_name", "sets")}
     overrides["role"] = role
     if getattr(args, "broker_name", None):
         overrides["broker.broker_name"] = args.broker_name
     try:
+        overrides.update(_parse_sets(args.sets))
         settings = load_settings(args.config, overrides)
     except ValueError as exc:
         print(f"unimq: error: {exc}", file=sys.stderr)
@@ -140,8 +173,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         "namesrv_port": args.namesrv_port,
         "flush": args.flush,
         "log_level": args.log_level,
+        "grpc_tls_cert": args.grpc_tls_cert,
+        "grpc_tls_key": args.grpc_tls_key,
     }
     try:
+        overrides.update(_parse_sets(args.sets))
         settings = load_settings(args.config, overrides)
     except ValueError as exc:
         print(f"unimq: error: {exc}", file=sys.stderr)
@@ -184,6 +220,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cmd_up(args)
     if args.command in ("nameserver", "broker", "gateway"):
         return _cmd_role(args, args.command)
+    if args.command == "topic":
+        from adapters.cloudevents import topic_cli
+
+        return topic_cli.run(args)
+    if args.command == "demo":
+        from spark_ingest import demo
+
+        return demo.run(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
 
 

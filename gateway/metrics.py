@@ -12,6 +12,11 @@ from collections import defaultdict
 class Metrics:
     def __init__(self) -> None:
         self.counters: dict[tuple[str, str], int] = defaultdict(int)
+        # (name, protocol, topic) -> n: messages in/out per door and topic (the HTTP door's /metrics)
+        self.topic_counters: dict[tuple[str, str, str], int] = defaultdict(int)
+
+    def inc_topic(self, name: str, protocol: str, topic: str, n: int = 1) -> None:
+        self.topic_counters[(name, protocol, topic)] += n
 
     def inc(self, name: str, protocol: str, n: int = 1) -> None:
         self.counters[(name, protocol)] += n

@@ -21,6 +21,7 @@ from core_broker.broker_controller import TopicStats
 from core_broker.errors import (
     BadRequestError,
     BrokerWriteBlockedError,
+    InvalidArgumentError,
     MessageTooLargeError,
     TopicNotFoundError,
     UnimqError,
@@ -31,7 +32,7 @@ from core_broker.model import FilterExpression, GetResult, Message, MessageType,
 from core_broker.pop_service import PoppedMessage
 from core_broker.receipt import ReceiptHandle
 from core_broker.system_topics import RESERVED_PREFIX, is_lmq, is_system_topic
-from core_broker.topic_config import PERM_READ, PERM_WRITE, TopicConfig, validate_topic_name
+from core_broker.topic_config import PERM_READ, TopicConfig, validate_topic_name
 from core_broker.transaction_service import TransactionChecker
 
 from .auth import AllowAll, Authorizer
@@ -63,6 +64,9 @@ class SendResult(NamedTuple):
     queue_id: int
     queue_offset: int
     transaction_id: str | None
+    # queue offsets the message got in each of its extra_dispatch targets, in order
+    # (doors that multi-dispatch into LMQs use them to hand a fresh message on directly)
+    extra_offsets: tuple[int, ...] = ()
 
 
 # Which message types a topic of each type accepts. Doors without topic types
@@ -74,6 +78,8 @@ _ACCEPTS = {
     MessageType.DELAY: {MessageType.DELAY, MessageType.NORMAL},
     MessageType.TRANSACTION: {MessageType.TRANSACTION},
 }
+#: Public view of the table above (the gRPC door advertises it as a queue's accept_message_types).
+ACCEPTED_MESSAGE_TYPES = _ACCEPTS
 
 
 def message_type_of(msg: Message, transactional: bool) -> MessageType:
@@ -99,6 +105,7 @@ class MessagingProcessor:
         self.metrics = Metrics()
         self._rr = itertools.count()
         self._route_rr: dict[str, int] = {}
+        self._checkers: list[TransactionChecker] = []
 
     async def start(self) -> None:
         await self.broker.start()
@@ -122,7 +129,7 @@ class MessagingProcessor:
         return route
 
     def _select_queue(self, route: TopicRoute, msg: Message) -> QueueRoute:
-        writable = [q for q in route.queues if q.perm & PERM_WRITE]
+        writable = route.writable
         if not writable:
             raise NoWritableQueueError(f"topic {route.config.name!r} has no writable queue")
         if msg.message_group and route.config.message_type == MessageType.FIFO:
@@ -152,6 +159,7 @@ class MessagingProcessor:
             raise BadRequestError(f"a batch holds at most {self.config.max_batch} messages")
         routes: dict[str, TopicRoute] = {}
         by_broker: dict[str, list[tuple[int, Message]]] = {}
+        topic_counts: dict[str, int] = {}
         now = int(time.time() * 1000)
         for i, m in enumerate(messages):
             topic = m.topic
@@ -165,6 +173,7 @@ class MessagingProcessor:
             route = routes.get(topic)
             if route is None:
                 route = routes[topic] = await self._route(ctx, topic, create=True)
+            topic_counts[topic] = topic_counts.get(topic, 0) + 1
             mtype = message_type_of(m, transactional)
             if mtype not in _ACCEPTS[route.config.message_type]:
                 raise MessageTypeMismatchError(
@@ -203,11 +212,15 @@ class MessagingProcessor:
                         retry.setdefault(q.broker, []).append((i, m))
                     continue
                 for (i, m), (r, tid) in zip(items, put):
-                    results[i] = SendResult(r.message_id, m.topic, broker, m.queue_id, r.queue_offset, tid)
+                    results[i] = SendResult(
+                        r.message_id, m.topic, broker, m.queue_id, r.queue_offset, tid, r.extra_offsets
+                    )
             if not retry:
                 break
             by_broker = retry
         self.metrics.inc("messages_in", ctx.protocol, len(messages))
+        for topic, n in topic_counts.items():
+            self.metrics.inc_topic("messages_in", ctx.protocol, topic, n)
         return results  # type: ignore[return-value]
 
     async def end_transaction(
@@ -237,7 +250,24 @@ class MessagingProcessor:
         raise last if last else TopicNotFoundError(f"topic {topic!r} has no broker")
 
     def set_transaction_checker(self, checker: TransactionChecker | None) -> None:
-        self.broker.set_transaction_checker(checker)
+        """Replace every registered checker with ``checker`` (None: no checks are delivered)."""
+        self._checkers = [checker] if checker is not None else []
+        self.broker.set_transaction_checker(self._dispatch_check if self._checkers else None)
+
+    def add_transaction_checker(self, checker: TransactionChecker) -> None:
+        """Add a checker; a check goes to each in turn until one says it asked a producer.
+
+        Several doors (the gRPC door's Telemetry streams, remote callers polling the
+        processor RPC) may each hold producers of some topics.
+        """
+        self._checkers.append(checker)
+        self.broker.set_transaction_checker(self._dispatch_check)
+
+    async def _dispatch_check(self, topic: str, producer_group: str, message: StoredMessage, tid: str) -> bool:
+        for checker in list(self._checkers):
+            if await checker(topic, producer_group, message, tid):
+                return True
+        return False
 
     # ------------------------------------------------------------------ pop consumption
 
@@ -298,12 +328,50 @@ class MessagingProcessor:
                     if not live:
                         break
         self.metrics.inc("messages_out", ctx.protocol, len(out))
+        if out:
+            self.metrics.inc_topic("messages_out", ctx.protocol, topic, len(out))
         return out
 
     async def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
         self.authorizer.check(ctx, "sub", topic)
         await self.broker.ack(self._broker_of_handle(receipt_handle), group, receipt_handle)
         self.metrics.inc("acks", ctx.protocol)
+
+    async def ack_batch(
+        self, ctx: RequestContext, group: str, topic: str, receipt_handles: Sequence[str]
+    ) -> list[str | None]:
+        """Ack several messages at once (one journal record per broker where the broker client
+        supports it); returns per handle None or the error code it failed with."""
+        self.authorizer.check(ctx, "sub", topic)
+        by_broker: dict[str, list[int]] = {}
+        names: dict[str, str] = {}  # encoded broker field of a handle -> broker name
+        for i, h in enumerate(receipt_handles):
+            field = h.split(".", 2)[1] if h.count(".") >= 2 else ""
+            b = names.get(field)
+            if b is None:
+                try:
+                    b = names[field] = self._broker_of_handle(h)
+                except UnimqError:
+                    b = ""
+            by_broker.setdefault(b, []).append(i)
+        out: list[str | None] = [None] * len(receipt_handles)
+        for b, idx in by_broker.items():
+            hs = [receipt_handles[i] for i in idx]
+            batch = getattr(self.broker, "ack_batch", None)
+            if b and batch is not None:
+                res = await batch(b, group, hs)
+            else:
+                res = []
+                for h in hs:
+                    try:
+                        await self.broker.ack(self._broker_of_handle(h), group, h)
+                        res.append(None)
+                    except UnimqError as e:
+                        res.append(e.code)
+            for i, r in zip(idx, res):
+                out[i] = r
+        self.metrics.inc("acks", ctx.protocol, sum(r is None for r in out))
+        return out
 
     async def change_invisible(
         self, ctx: RequestContext, group: str, topic: str, receipt_handle: str, invisible_ms: int
@@ -347,6 +415,24 @@ class MessagingProcessor:
         b = await self._queue_broker(ctx, topic, queue_id, broker)
         r = await self.broker.pull(b, topic, queue_id, offset, max_count, filter_expression, wait_ms)
         self.metrics.inc("messages_out", ctx.protocol, len(r.messages))
+        if r.messages:
+            self.metrics.inc_topic("messages_out", ctx.protocol, topic, len(r.messages))
+        return r
+
+    async def pull_raw(
+        self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int
+    ) -> tuple[list[bytes], list[int], str, int, int] | None:
+        """Undecoded records of ``[offset, offset+n)`` for columnar readers (the HTTP door's Arrow
+        pages) as (records, commitlog offsets, message-id prefix, queue min, queue max); None when :meth:`pull` must be used (remote broker, link records, offset out of range)."""
+        self.authorizer.check(ctx, "sub", topic)
+        fn = getattr(self.broker, "pull_raw", None)  # the in-process broker client only
+        if fn is None:
+            return None
+        b = await self._queue_broker(ctx, topic, queue_id, None)
+        r = await fn(b, topic, queue_id, offset, max_count)
+        if r is not None and r[0]:
+            self.metrics.inc("messages_out", ctx.protocol, len(r[0]))
+            self.metrics.inc_topic("messages_out", ctx.protocol, topic, len(r[0]))
         return r
 
     async def commit_offset(
@@ -393,11 +479,13 @@ class MessagingProcessor:
         self.authorizer.check(ctx, "admin", name)
         if is_system_topic(name) and not is_lmq(name):
             raise BadRequestError("topic names starting with '%' are reserved (doors may create '%LMQ%' queues)")
-        tc = TopicConfig(
-            name,
-            queues=self.config.default_queue_count if queues is None else queues,
-            message_type=MessageType(message_type),
-        )
+        try:
+            mtype = MessageType(message_type)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"unknown topic type {message_type!r}: one of NORMAL, FIFO, DELAY, TRANSACTION"
+            ) from None
+        tc = TopicConfig(name, queues=self.config.default_queue_count if queues is None else queues, message_type=mtype)
         return await self.broker.create_topic(tc, exist_ok=exist_ok)
 
     async def update_topic(
@@ -455,3 +543,20 @@ class MessagingProcessor:
 
     async def kv_items(self, ctx: RequestContext, namespace: str) -> dict[str, bytes]:
         return await self.broker.kv_items(namespace)
+
+    # ------------------------------------------------------------------ observability
+
+    async def consumer_lag(self, ctx: RequestContext) -> list[tuple[str, str, int]]:
+        """(group, topic, messages not yet consumed) for every pop and pull consumer group."""
+        return await self.broker.consumer_lag()
+
+    async def store_stats(self, ctx: RequestContext) -> dict:
+        """Store size and flush timings, summed over the brokers (see BrokerController.store_stats)."""
+        return await self.broker.store_stats()
+
+
+# Namespaces (RocketMQ's x-mq-namespace): every public call with a namespaced context
+# sees only that namespace's topics and groups. See gateway/namespace.py.
+from . import namespace as _namespace  # noqa: E402  (needs the class defined above)
+
+_namespace.apply(MessagingProcessor)

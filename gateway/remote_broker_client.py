@@ -6,9 +6,10 @@ handles name their broker, and door state lives on the brokers. A broker
 that stops answering is left out of routes for a while, so sends go to the
 live brokers' queues until the nameserver's lease drops it for good.
 
-Queue ids are cluster-wide: a topic created through a gateway gets a range
-of ids on each broker (``queue_base`` = broker rank x 1024), so a queue id
-alone names one queue and the processor's API is the same in both shapes.
+Queue ids are cluster-wide: a topic created through a gateway spreads its
+queues over the brokers as contiguous id ranges (``queue_base``), so a topic
+of N queues has ids 0..N-1 wherever they live, a queue id alone names one
+queue, and the processor's API is the same in both shapes.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from nameserver.client import NameserverClient
 from .broker_client import QueueRoute, TopicRoute
 
 log = logging.getLogger("unimq.remote")
-
-QUEUE_BASE_STRIDE = 1024  # a topic has at most 1024 queues per broker
 
 
 class RemoteBrokerClient:
@@ -137,7 +136,8 @@ class RemoteBrokerClient:
                     self._note_address(e["broker"], e["address"])
                     total += e["queues"]
                     queues += [QueueRoute(e["broker"], e["queue_base"] + i, e["perm"]) for i in range(e["queues"])]
-                tc = TopicConfig(topic, queues=max(1, min(total, 1024)), message_type=raw["type"])
+                tc = TopicConfig(topic, queues=max(1, min(total, 1024)), message_type=raw["type"],
+                                 perm=raw["queues"][0]["perm"] if raw["queues"] else 0x6)
                 cached = (TopicRoute(tc, queues), now)
                 self._routes[topic] = cached
         route = cached[0]  # type: ignore[index]
@@ -156,12 +156,19 @@ class RemoteBrokerClient:
         brokers = [b for b in await self._brokers(refresh=True) if b["perm"] & PERM_WRITE and self._live(b["name"])]
         if not brokers:
             raise PeerUnavailableError("no writable broker is registered with the nameservers")
-        for rank, b in enumerate(sorted(brokers, key=lambda b: b["name"])):
+        # The topic's queues are spread over the brokers with contiguous cluster-wide ids:
+        # 5 queues on 2 brokers are ids 0-2 on the first and 3-4 on the second.
+        brokers.sort(key=lambda b: b["name"])
+        k = min(len(brokers), tc.queues)
+        base = 0
+        for rank, b in enumerate(brokers[:k]):
+            n = tc.queues // k + (1 if rank < tc.queues % k else 0)
             per = TopicConfig(
-                tc.name, queues=tc.queues, message_type=tc.message_type, perm=tc.perm, system=tc.system,
-                attributes=dict(tc.attributes), queue_base=rank * QUEUE_BASE_STRIDE,
+                tc.name, queues=n, message_type=tc.message_type, perm=tc.perm, system=tc.system,
+                attributes=dict(tc.attributes), queue_base=base,
             )
             await self._call(b["name"], "create_topic", per, exist_ok)
+            base += n
         self.invalidate(tc.name)
         return tc
 
@@ -173,11 +180,16 @@ class RemoteBrokerClient:
         return route.brokers
 
     async def update_topic(self, tc: TopicConfig) -> TopicConfig:
-        for b in await self._hosts(tc.name):
-            current = await self._call(b, "get_topic", tc.name)
+        """Permission and type go to every broker; added queues extend the last broker's range."""
+        hosts = [(b, await self._call(b, "get_topic", tc.name)) for b in await self._hosts(tc.name)]
+        hosts = [(b, cur) for b, cur in hosts if cur is not None]
+        total = sum(cur.queues for _, cur in hosts)
+        last = max(hosts, key=lambda h: h[1].queue_base)[0] if hosts else None
+        for b, cur in hosts:
+            n = cur.queues + (max(0, tc.queues - total) if b == last else 0)
             per = TopicConfig(
-                tc.name, queues=tc.queues, message_type=tc.message_type, perm=tc.perm, system=tc.system,
-                attributes=dict(tc.attributes), queue_base=current.queue_base if current else 0,
+                tc.name, queues=n, message_type=tc.message_type, perm=tc.perm, system=tc.system,
+                attributes=dict(tc.attributes), queue_base=cur.queue_base,
             )
             await self._call(b, "update_topic", per)
         self.invalidate(tc.name)
@@ -195,7 +207,12 @@ class RemoteBrokerClient:
                 continue
             try:
                 for t in await self._call(b["name"], "list_topics", include_system):
-                    seen.setdefault(t.name, t)
+                    prev = seen.get(t.name)
+                    if prev is None:
+                        seen[t.name] = t
+                    else:  # the topic as the cluster sees it: every broker's queues together
+                        prev.queues = min(1024, prev.queues + t.queues)
+                        prev.queue_base = min(prev.queue_base, t.queue_base)
             except PeerUnavailableError:
                 continue
         return sorted(seen.values(), key=lambda t: t.name)

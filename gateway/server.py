@@ -122,7 +122,7 @@ class HttpDoor:
             create_app(self._state),
             log_level="warning",
             log_config=None,  # keep the process's logging setup (gateway.cli) instead of uvicorn's
-            lifespan="off",
+            lifespan="on",  # the app's lifespan starts and stops the HTTP door's push deliveries
             access_log=False,
             timeout_graceful_shutdown=5,
         )
@@ -155,7 +155,35 @@ def build_doors(state: ServerState) -> list[Door]:
     (mqtt_port), AMQP (amqp_port), after HTTP. HTTP starts first so it stops
     last: ``/healthz`` keeps answering (503, "stopping") while the others drain.
     """
-    return [HttpDoor(state)]
+    enabled = set(state.settings.doors)
+    doors: list[Door] = []
+    if "http" in enabled:
+        doors.append(HttpDoor(state))
+    if "grpc" in enabled:
+        from gateway.grpc import GrpcDoor  # late: grpcio and the v2 stubs are heavy imports
+
+        doors.append(GrpcDoor(state))
+    if "mqtt" in enabled:
+        doors += _mqtt_doors(state)
+    if "amqp" in enabled:
+        from adapters.amqp.server import AmqpDoor
+
+        doors.append(AmqpDoor(state))
+    return doors
+
+
+def _mqtt_doors(state: ServerState) -> list[Door]:
+    """The MQTT door (TCP) and, unless ``mqtt_ws_port`` is -1, MQTT over WebSocket sharing its broker."""
+    from adapters.mqtt.server import MQTTDoor, MQTTWebSocketDoor
+
+    tcp = MQTTDoor(state)
+    doors: list[Door] = [tcp]
+    ws_port = getattr(state.settings, "mqtt_ws_port", None)
+    if ws_port is None:
+        ws_port = 0 if state.settings.mqtt_port == 0 else 8083
+    if ws_port >= 0:
+        doors.append(MQTTWebSocketDoor(state, tcp.broker, port=ws_port))
+    return doors
 
 
 def announce(text: str) -> None:

@@ -88,6 +88,8 @@ class UnimqSettings:
     http_port: int = 8080
     grpc_port: int = 8081
     namesrv_port: int = 9876
+    # Which protocol doors to start (all by default); an empty list runs the core alone.
+    doors: list[str] = field(default_factory=lambda: list(DOOR_NAMES))
     # Deployment role: "merged" (`unimq up`), or for the separated shape "broker",
     # "gateway" and "nameserver" (`unimq broker|gateway|nameserver`).
     role: str = "merged"
@@ -109,6 +111,54 @@ class UnimqSettings:
     default_queue_count: int = 8
     topics: list[TopicDecl] = field(default_factory=list)
     log_level: str = "info"
+    # MQTT door (adapters/mqtt). MQTT over WebSocket (subprotocol "mqtt") listens on its
+    # own port: 0 picks a free one, -1 turns it off; unset: 8083, or a free port when
+    # mqtt_port is 0 (so test servers on free ports never collide on 8083).
+    mqtt_ws_port: int | None = None
+    # Clients without a user name are accepted unless this is false.
+    mqtt_allow_anonymous: bool = True
+    # User name -> password accepted at CONNECT ([mqtt_users] table); empty: any user name.
+    mqtt_users: dict[str, str] = field(default_factory=dict)
+    # Outbound QoS 1/2 messages in flight per client (v5: also capped by its Receive Maximum).
+    mqtt_max_inflight: int = 256
+    # Receive Maximum and Topic Alias Maximum announced to MQTT 5 clients.
+    mqtt_receive_maximum: int = 1024
+    mqtt_topic_alias_maximum: int = 64
+    # Largest MQTT packet accepted; unset: the store's max_message_size + 64 KiB.
+    mqtt_max_packet_size: int | None = None
+    # Impose this keepalive on MQTT 5 clients (Server Keep Alive); 0 accepts theirs.
+    mqtt_server_keepalive: int = 0
+    # Cap on an MQTT 5 session expiry interval, seconds (4294967295: never expires).
+    mqtt_max_session_expiry: int = 4294967295
+    # gRPC door (RocketMQ 5 v2 protocol). TLS: both PEM files given -> the gRPC port
+    # serves TLS only; both empty -> plaintext (the official clients' default).
+    grpc_tls_cert: str = ""
+    grpc_tls_key: str = ""
+    # gRPC auth: access key -> secret key. Empty: every caller is accepted. Non-empty:
+    # each call's MQv2-HMAC-SHA1 signature must verify, else status UNAUTHORIZED.
+    # TOML: grpc_credentials = { "myAccessKey" = "mySecretKey" }
+    grpc_credentials: dict[str, str] = field(default_factory=dict)
+    # HTTP door: largest request body accepted (413 beyond it); a single message is
+    # further bounded by [store] max_message_size, a batch by its event count (1024).
+    http_max_body_bytes: int = 16 * 1024 * 1024
+    # HTTP door push subscriptions: hosts a sink URL may name (exact host names or
+    # addresses, "*" for any). Empty list = any host. Guards against sinks that point
+    # the gateway at internal services (SSRF).
+    http_push_allowed_hosts: list[str] = field(default_factory=list)
+    # AMQP 0-9-1 door (adapters/amqp). Users: name -> password, checked at PLAIN/AMQPLAIN
+    # login; TOML: amqp_users = { guest = "guest" }. Users in amqp_loopback_users may log
+    # in from loopback addresses only (RabbitMQ's rule for guest).
+    amqp_users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
+    amqp_loopback_users: list[str] = field(default_factory=lambda: ["guest"])
+    # Virtual hosts clients may open (every user may use every vhost).
+    amqp_vhosts: list[str] = field(default_factory=lambda: ["/"])
+    # Tune: heartbeat seconds proposed (0: off), largest frame, channels per connection.
+    amqp_heartbeat: int = 60
+    amqp_frame_max: int = 131072
+    amqp_channel_max: int = 2047
+    # A delivered, unacked message is hidden in the store for this long and the lease is
+    # renewed while its channel lives; after a crash it is redelivered within this time.
+    amqp_lease_ms: int = 60_000
 
     def __post_init__(self) -> None:
         for name in PORT_FIELDS:
@@ -123,20 +173,63 @@ class UnimqSettings:
             or self.default_queue_count < 1
         ):
             raise ValueError(f"default_queue_count must be a positive integer, got {self.default_queue_count!r}")
+        unknown = [d for d in self.doors if d not in DOOR_NAMES]
+        if unknown:
+            raise ValueError(f"doors: unknown door(s) {unknown}; known: {', '.join(DOOR_NAMES)}")
         if self.role not in ("merged", "broker", "gateway", "nameserver"):
             raise ValueError(f"role must be merged, broker, gateway or nameserver, got {self.role!r}")
         if self.role in ("broker", "gateway") and not self.namesrv:
             raise ValueError(f"the {self.role} role needs nameserver addresses (namesrv = \"host:port\")")
+        if (
+            isinstance(self.http_max_body_bytes, bool)
+            or not isinstance(self.http_max_body_bytes, int)
+            or self.http_max_body_bytes < 1024
+        ):
+            raise ValueError(f"http_max_body_bytes must be an integer >= 1024, got {self.http_max_body_bytes!r}")
+        if not isinstance(self.http_push_allowed_hosts, list) or not all(
+            isinstance(h, str) and h for h in self.http_push_allowed_hosts
+        ):
+            raise ValueError(
+                f"http_push_allowed_hosts must be a list of host names, got {self.http_push_allowed_hosts!r}"
+            )
+        if not isinstance(self.amqp_users, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) for k, v in self.amqp_users.items()
+        ):
+            raise ValueError(f"amqp_users must map user names to password strings, got {self.amqp_users!r}")
+        for name in ("amqp_loopback_users", "amqp_vhosts"):
+            v = getattr(self, name)
+            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                raise ValueError(f"{name} must be a list of non-empty strings, got {v!r}")
+        for name, lo, hi in (("amqp_heartbeat", 0, 65535), ("amqp_frame_max", 4096, 1 << 24),
+                             ("amqp_channel_max", 1, 65535), ("amqp_lease_ms", 1000, 1 << 40)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
         level = str(self.log_level).lower()
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         self.log_level = level
+        if bool(self.grpc_tls_cert) != bool(self.grpc_tls_key):
+            raise ValueError("grpc_tls_cert and grpc_tls_key must be given together")
+        for name in ("grpc_tls_cert", "grpc_tls_key"):
+            path = getattr(self, name)
+            if not isinstance(path, str):
+                raise ValueError(f"{name} must be a path string, got {path!r}")
+            if path and not Path(path).expanduser().is_file():
+                raise ValueError(f"{name}: {path} is not a readable file")
+        if not isinstance(self.grpc_credentials, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) for k, v in self.grpc_credentials.items()
+        ):
+            raise ValueError("grpc_credentials must map non-empty access keys to secret key strings")
         seen: set[str] = set()
         for topic in self.topics:
             if topic.name in seen:
                 raise ValueError(f"topic {topic.name!r} is declared twice")
             seen.add(topic.name)
 
+
+#: The protocol doors `doors` may name.
+DOOR_NAMES = ("http", "grpc", "mqtt", "amqp")
 
 #: The settings that are TCP ports, one per door.
 PORT_FIELDS = ("mqtt_port", "amqp_port", "http_port", "grpc_port", "namesrv_port", "broker_port", "rpc_port")

@@ -68,15 +68,41 @@ def start_proc(name: str, args: list[str], timeout: float = 60.0) -> Proc:
     raise RuntimeError(f"{name} did not start:\n{''.join(lines)}")
 
 
+def toml_value(v: object) -> str:
+    import enum
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, enum.Enum):
+        v = v.value
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_toml(path: Path, top: dict, tables: dict[str, dict]) -> Path:
+    lines = [f"{k} = {toml_value(v)}" for k, v in top.items()]
+    for name, table in tables.items():
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 class Cluster:
     def __init__(self, root: Path, brokers: int = 2, gateways: int = 2, lease_s: float = 120.0,
-                 heartbeat_s: float = 30.0, extra_broker_args: list[str] | None = None) -> None:
+                 heartbeat_s: float = 30.0, extra_broker_args: list[str] | None = None,
+                 broker_toml: Path | None = None, gateway_toml: Path | None = None) -> None:
         self.root = root
         self.n_brokers = brokers
         self.n_gateways = gateways
         self.lease_s = lease_s
         self.heartbeat_s = heartbeat_s
         self.extra_broker_args = extra_broker_args or []
+        self.broker_toml = broker_toml
+        self.gateway_toml = gateway_toml
         self.nameserver: Proc | None = None
         self.brokers: dict[str, Proc] = {}
         self.gateways: list[Proc] = []
@@ -88,20 +114,39 @@ class Cluster:
 
     def start(self) -> "Cluster":
         self.nameserver = start_proc("nameserver", ["nameserver", "--port", "0", "--lease-s", str(self.lease_s)])
-        for i in range(self.n_brokers):
-            self.start_broker(f"broker-{chr(ord('a') + i)}")
-        for _ in range(self.n_gateways):
-            self.gateways.append(
-                start_proc("gateway", ["gateway", "--namesrv", self.namesrv, "--rpc-port", "0", "--http-port", "0",
-                                       "--mqtt-port", "0", "--amqp-port", "0", "--grpc-port", "0"])
-            )
+        # brokers and gateways start in parallel: each only needs the nameserver
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = [f"broker-{chr(ord('a') + i)}" for i in range(self.n_brokers)]
+        with ThreadPoolExecutor(self.n_brokers + self.n_gateways) as pool:
+            brokers = [pool.submit(self._spawn_broker, n) for n in names]
+            gateways = [pool.submit(self._spawn_gateway) for _ in range(self.n_gateways)]
+            for n, f in zip(names, brokers):
+                self.brokers[n] = f.result()
+            self.gateways = [f.result() for f in gateways]
         return self
 
+    def _spawn_broker(self, name: str) -> Proc:
+        cfg = ["--config", str(self.broker_toml)] if self.broker_toml else []
+        return start_proc(name, ["broker", *cfg, "--data-dir", str(self.root / name), "--port", "0",
+                                 "--namesrv", self.namesrv, "--name", name, "--heartbeat-s", str(self.heartbeat_s),
+                                 *self.extra_broker_args])
+
+    def _spawn_gateway(self) -> Proc:
+        cfg = ["--config", str(self.gateway_toml)] if self.gateway_toml else []
+        return start_proc("gateway", ["gateway", *cfg, "--namesrv", self.namesrv, "--rpc-port", "0",
+                                      "--http-port", "0", "--mqtt-port", "0", "--amqp-port", "0", "--grpc-port", "0"])
+
     def start_broker(self, name: str) -> Proc:
-        p = start_proc(name, ["broker", "--data-dir", str(self.root / name), "--port", "0", "--namesrv", self.namesrv,
-                              "--name", name, "--heartbeat-s", str(self.heartbeat_s), *self.extra_broker_args])
+        p = self._spawn_broker(name)
         self.brokers[name] = p
         return p
+
+    def kill9(self) -> None:
+        """Every process dies at once, as in a power cut of the whole cluster."""
+        for p in [*self.gateways, *self.brokers.values(), self.nameserver]:
+            if p is not None:
+                p.kill9()
 
     def gateway_rpc(self) -> list[tuple[str, int]]:
         return [("127.0.0.1", g.ports["rpc"]) for g in self.gateways]

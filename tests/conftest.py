@@ -26,6 +26,12 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LISTEN_LINE = re.compile(r"^unimq: (?P<door>\w+) listening on \[?(?P<host>[^\]]+?)\]?:(?P<port>\d+)$")
 PORT_FLAGS = ("--mqtt-port", "--amqp-port", "--http-port", "--grpc-port", "--namesrv-port")
+TEST_STORE_SIZES = {
+    "store.commitlog_segment_size": 64 * 1024 * 1024,
+    "store.cq_entries_per_file": 100_000,
+    "store.index_slots": 65_536,
+    "store.index_entries_per_file": 262_144,
+}
 
 
 @pytest.fixture
@@ -97,6 +103,11 @@ def unimq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         args = [*_unimq_command(), "up", "--data-dir", str(data_dir), "--host", "127.0.0.1"]
         for flag in PORT_FLAGS:
             args += [flag, "0"]
+        # Test-sized files: the 1 GiB default segments are preallocated, and a suite
+        # starts many servers. A test that brings its own --config decides for itself;
+        # its own --set flags come later and win.
+        if "--config" not in extra_args and not any(a.startswith("--config=") for a in extra_args):
+            args += [f"--set={k}={v}" for k, v in TEST_STORE_SIZES.items()]
         args += list(extra_args)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with stderr_path.open("w") as err:

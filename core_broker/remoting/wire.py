@@ -80,7 +80,7 @@ def _pack(obj: Any, packb: Callable[[Any], bytes]) -> msgpack.ExtType:
     if isinstance(obj, PoppedMessage):
         return msgpack.ExtType(_PM, packb([obj.message, obj.receipt_handle, obj.delivery_attempt, obj.invisible_until_ms]))
     if isinstance(obj, FilterExpression):
-        return msgpack.ExtType(_FE, packb([obj.expression, obj.type.value]))
+        return msgpack.ExtType(_FE, packb([obj.expression, getattr(obj.type, "value", obj.type)]))
     if isinstance(obj, TopicConfig):
         return msgpack.ExtType(_TC, packb([obj.name, obj.queues, obj.message_type.value, obj.perm, obj.system,
                                            obj.attributes, obj.queue_base]))
@@ -120,7 +120,11 @@ def _unpack(code: int, data: bytes) -> Any:
     if code == _PM:
         return PoppedMessage(f[0], f[1], f[2], f[3])
     if code == _FE:
-        return FilterExpression(f[0], FilterType(f[1]))
+        try:
+            ftype = FilterType(f[1])
+        except ValueError:  # an unknown type: the filter compiler answers the caller, typed
+            ftype = f[1]
+        return FilterExpression(f[0], ftype)
     if code == _TC:
         return TopicConfig(f[0], queues=f[1], message_type=f[2], perm=f[3], system=f[4], attributes=f[5],
                            queue_base=f[6])

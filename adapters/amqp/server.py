@@ -1,0 +1,101 @@
+"""The AMQP 0-9-1 door: a thin asyncio server around the codec and the connection logic.
+
+Why so little here: framing lives in the sans-io ``codec``, protocol
+semantics in ``connection`` and ``broker``; this module only binds the
+socket (``gateway.server.bind_socket``, so port 0 reports the real port),
+creates one :class:`~adapters.amqp.connection.AmqpConnection` per client,
+watches the data disk for RabbitMQ's Connection.Blocked alarm, and on stop
+closes every connection with 320 CONNECTION_FORCED after handing their
+unacked messages back to the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, Callable
+
+from pamqp import commands as C
+
+from . import codec
+from .broker import AmqpBroker
+from .connection import AmqpConnection
+
+log = logging.getLogger("unimq.amqp")
+
+__all__ = ["AmqpDoor"]
+
+
+class AmqpDoor:
+    """``unimq up``'s AMQP door (``--amqp-port``, default 5672)."""
+
+    name = "amqp"
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+        self.broker: AmqpBroker | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._disk_task: asyncio.Task[None] | None = None
+        # Free fraction of the data disk (the Connection.Blocked alarm); replaceable in tests.
+        self.disk_free_ratio: Callable[[], float] = self._statvfs_free_ratio
+
+    def _statvfs_free_ratio(self) -> float:
+        st = os.statvfs(self._state.settings.store.data_dir)
+        return st.f_bavail / st.f_blocks if st.f_blocks else 1.0
+
+    async def start(self) -> tuple[str, int]:
+        from gateway.server import bind_socket
+
+        settings = self._state.settings
+        self.broker = AmqpBroker(self._state.processor, settings)
+        await self.broker.start()
+        sock = bind_socket(settings.host, settings.amqp_port)
+        loop = asyncio.get_running_loop()
+        broker = self.broker
+        self._server = await loop.create_server(lambda: AmqpConnection(broker, settings), sock=sock)
+        self._disk_task = loop.create_task(self._disk_alarm(), name="amqp-disk-alarm")
+        host, port = sock.getsockname()[:2]
+        return host, port
+
+    async def _disk_alarm(self) -> None:
+        """Block publishers (Connection.Blocked) while the disk is under the store's refuse threshold."""
+        limit = getattr(self._state.settings.store, "disk_refuse_free_ratio", 0.02)
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                ratio = self.disk_free_ratio()
+            except OSError:
+                continue
+            assert self.broker is not None
+            if ratio < limit:
+                self.broker.set_blocked("low on disk")
+            elif self.broker.blocked is not None and ratio >= limit * 1.5:
+                self.broker.set_blocked(None)
+
+    async def stop(self) -> None:
+        if self._server is None or self.broker is None:
+            return
+        if self._disk_task is not None:
+            self._disk_task.cancel()
+        self._server.close()
+        broker = self.broker
+        conns = list(broker.connections)
+        for c in conns:
+            if c.state == "open":
+                c.send_method(0, codec.method(C.Connection.Close, reply_code=codec.CONNECTION_FORCED,
+                                              reply_text="CONNECTION_FORCED - broker forced connection closure "
+                                                         "with reason 'shutdown'", class_id=0, method_id=0))
+            try:
+                await asyncio.wait_for(c.drain(), 5)
+            except (asyncio.TimeoutError, Exception):
+                pass
+            c.state = "closing"
+            c._cleanup_channels()
+            c._abort()
+        await broker.flush_ops()
+        await broker.stop()
+        try:
+            await asyncio.wait_for(self._server.wait_closed(), 5)
+        except (asyncio.TimeoutError, Exception):
+            pass

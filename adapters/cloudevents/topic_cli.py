@@ -1,0 +1,125 @@
+"""`unimq topic create|list|describe|delete`: topic admin over the HTTP door's /v1/topics API.
+
+Why over HTTP and not by opening the store: the store belongs to the running
+`unimq up` process (one writer), and the HTTP door is the admin surface every
+deployment shape exposes, so the CLI is just another HTTP client. It uses only
+the standard library (urllib) so `unimq --help` stays fast.
+
+Exit codes: 0 done, 1 the server refused (its ``{"error", "message"}`` is
+printed) or could not be reached, 2 bad usage (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
+TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
+
+
+def add_parser(sub: Any) -> None:
+    """Register the ``topic`` subcommand on the CLI's subparsers."""
+    topic = sub.add_parser(
+        "topic",
+        help="create, list, describe or delete topics on a running unimq (over its HTTP door)",
+        description="Topic admin against a running unimq through its HTTP door (POST/GET/DELETE /v1/topics).",
+    )
+    # The common options work before or after the action (`unimq topic list --endpoint URL`).
+    def common(p: argparse.ArgumentParser, default: Any) -> None:
+        p.add_argument("--endpoint", default=DEFAULT_ENDPOINT if default is None else default,
+                       help=f"the HTTP door's base URL (default: {DEFAULT_ENDPOINT})")
+        p.add_argument("--json", action="store_true", default=False if default is None else default,
+                       help="print the server's JSON answer")
+        p.add_argument("--timeout", type=float, default=10.0 if default is None else default,
+                       help="seconds to wait for the server (default: 10)")
+
+    common(topic, None)
+    shared = argparse.ArgumentParser(add_help=False)
+    common(shared, argparse.SUPPRESS)
+    actions = topic.add_subparsers(dest="topic_command", metavar="ACTION")
+    actions.required = True
+    create = actions.add_parser("create", parents=[shared], help="create a topic (no error if it exists with the same type)")
+    create.add_argument("name")
+    create.add_argument("--queues", type=int, default=8, help="number of queues (default: 8)")
+    create.add_argument("--type", default="NORMAL", type=str.upper, choices=TYPES,
+                        help="message type (default: NORMAL)")
+    lst = actions.add_parser("list", parents=[shared], help="list topics with their queues' offsets")
+    lst.add_argument("--all", action="store_true", help="include system topics (%%DLQ%%, %%RETRY%%, ...)")
+    describe = actions.add_parser("describe", parents=[shared], help="a topic's type and each queue's min/max offsets")
+    describe.add_argument("name")
+    delete = actions.add_parser("delete", parents=[shared], help="delete a topic")
+    delete.add_argument("name")
+
+
+def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    url = args.endpoint.rstrip("/") + path
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"content-type": "application/json", "accept": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, {"error": f"HTTP_{e.code}", "message": raw.decode(errors="replace")[:200]}
+
+
+def _path(name: str) -> str:
+    return "/v1/topics/" + urllib.parse.quote(name, safe="")
+
+
+def _print_topic(t: dict[str, Any]) -> None:
+    queues = t["queues"]
+    total = sum(q["max_offset"] - q["min_offset"] for q in queues)
+    print(f"{t['name']}  type={t['type']}  queues={len(queues)}  messages={total}")
+    for q in queues:
+        print(f"  queue {q['queue_id']}: min_offset={q['min_offset']} max_offset={q['max_offset']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out one ``unimq topic`` action; returns the exit code."""
+    cmd = args.topic_command
+    try:
+        if cmd == "create":
+            status, body = _call(args, "POST", "/v1/topics", {"name": args.name, "queues": args.queues, "type": args.type})
+        elif cmd == "list":
+            status, body = _call(args, "GET", "/v1/topics" + ("?include_system=true" if args.all else ""))
+        elif cmd == "describe":
+            status, body = _call(args, "GET", _path(args.name))
+        elif cmd == "delete":
+            status, body = _call(args, "DELETE", _path(args.name))
+        else:  # pragma: no cover - argparse rejects others
+            raise AssertionError(cmd)
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        print(f"unimq: error: cannot reach {args.endpoint}: {reason}", file=sys.stderr)
+        return 1
+    if status >= 400:
+        err = body if isinstance(body, dict) else {}
+        print(f"unimq: error: {err.get('error', status)}: {err.get('message', '')}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(body, indent=2) if body is not None else "{}")
+        return 0
+    if cmd == "create":
+        print(f"{'created' if status == 201 else 'exists'}: ", end="")
+        _print_topic(body)
+    elif cmd == "list":
+        for t in body:
+            n = sum(q["max_offset"] - q["min_offset"] for q in t["queues"])
+            print(f"{t['name']}\t{t['type']}\tqueues={len(t['queues'])}\tmessages={n}")
+    elif cmd == "describe":
+        _print_topic(body)
+    else:
+        print(f"deleted: {args.name}")
+    return 0

@@ -1,0 +1,215 @@
+"""The MQTT door: a thin asyncio server around :mod:`adapters.mqtt.broker`.
+
+Why this shape: the protocol logic (``broker.Connection``) knows nothing of
+sockets; this module only moves bytes. Plain TCP uses an ``asyncio.Protocol``
+(no stream objects per connection: 10,000 idle clients must stay small), and
+MQTT over WebSocket (subprotocol ``mqtt``, for browser dashboards) uses the
+``websockets`` library, already installed with uvicorn's standard extras, on
+its own port: each binary WebSocket message is fed to the same Connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from gateway.server import bind_socket
+
+from .broker import Connection, MQTTBroker, MQTTConfig
+
+log = logging.getLogger("unimq.mqtt")
+
+__all__ = ["MQTTDoor", "MQTTWebSocketDoor", "door_config"]
+
+
+def _peer(addr: Any) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return f"{addr[0]}:{addr[1]}"
+    return str(addr)
+
+
+class _TcpProtocol(asyncio.Protocol):
+    __slots__ = ("broker", "conn")
+
+    def __init__(self, broker: MQTTBroker) -> None:
+        self.broker = broker
+        self.conn: Connection | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.set_write_buffer_limits(high=1 << 20)  # type: ignore[attr-defined]
+        self.conn = Connection(self.broker, transport, _peer(transport.get_extra_info("peername")))
+        self.broker.connections.add(self.conn)
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.feed(data)  # type: ignore[union-attr]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.broker.connections.discard(self.conn)
+            self.conn.lost()
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.resume_writing()
+
+
+def door_config(settings: Any) -> MQTTConfig:
+    """The MQTT door's knobs from unimq's settings (``mqtt_*`` keys)."""
+    cfg = MQTTConfig()
+    for name in ("allow_anonymous", "users", "max_inflight", "receive_maximum", "topic_alias_maximum",
+                 "max_packet_size", "server_keepalive", "max_session_expiry"):
+        value = getattr(settings, "mqtt_" + name, None)
+        if value is not None:
+            setattr(cfg, name, value)
+    if getattr(settings, "mqtt_max_packet_size", None) is None:
+        store = getattr(settings, "store", None)
+        if store is not None:
+            cfg.max_packet_size = store.max_message_size + 65536
+    return cfg
+
+
+class MQTTDoor:
+    """MQTT 3.1/3.1.1/5.0 over TCP on ``mqtt_port``; owns the broker shared with the WebSocket door."""
+
+    name = "mqtt"
+
+    def __init__(self, state: Any, broker: MQTTBroker | None = None, host: str | None = None,
+                 port: int | None = None) -> None:
+        self._state = state
+        settings = getattr(state, "settings", None)
+        self.host = host if host is not None else settings.host
+        self.port = port if port is not None else settings.mqtt_port
+        self.broker = broker or MQTTBroker(state.processor, door_config(settings))
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> tuple[str, int]:
+        await self.broker.start()
+        sock = bind_socket(self.host, self.port, backlog=4096)
+        loop = asyncio.get_running_loop()
+        broker = self.broker
+        self._server = await loop.create_server(lambda: _TcpProtocol(broker), sock=sock)
+        bound = sock.getsockname()
+        return bound[0], bound[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        await self.broker.stop()
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 1)
+            except asyncio.TimeoutError:  # pragma: no cover
+                pass
+
+
+class _WsTransport:
+    """What Connection needs from a transport, over one WebSocket connection."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.closed = False
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._paused = False
+        self.sender = asyncio.get_running_loop().create_task(self._send_loop())
+        self.pending = 0
+
+    def write(self, data: bytes) -> None:
+        if not self.closed:
+            self.pending += len(data)
+            self._queue.put_nowait(data)
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                data = await self._queue.get()
+                if data is None:
+                    break
+                self.pending -= len(data)
+                await self.ws.send(data)
+        except Exception:  # connection gone
+            pass
+        finally:
+            try:
+                await self.ws.close()
+            except Exception:  # pragma: no cover
+                pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._queue.put_nowait(None)
+
+    def get_write_buffer_size(self) -> int:
+        return self.pending
+
+    def pause_reading(self) -> None:
+        self._paused = True
+
+    def resume_reading(self) -> None:
+        self._paused = False
+
+
+class MQTTWebSocketDoor:
+    """MQTT over WebSocket (subprotocol ``mqtt``) on ``mqtt_ws_port``, any path."""
+
+    name = "mqttws"
+
+    def __init__(self, state: Any, broker: MQTTBroker, host: str | None = None, port: int | None = None) -> None:
+        settings = getattr(state, "settings", None)
+        self.host = host if host is not None else settings.host
+        self.port = port if port is not None else settings.mqtt_ws_port
+        self.broker = broker
+        self._server: Any = None
+
+    async def start(self) -> tuple[str, int]:
+        from websockets.asyncio.server import serve
+
+        sock = bind_socket(self.host, self.port)
+        self._server = await serve(
+            self._handler,
+            sock=sock,
+            subprotocols=["mqtt"],
+            max_size=self.broker.config.max_packet_size + 16,
+            compression=None,
+        )
+        bound = sock.getsockname()
+        return bound[0], bound[1]
+
+    async def _handler(self, ws: Any) -> None:
+        if ws.subprotocol != "mqtt":
+            await ws.close(1002, "subprotocol mqtt required")
+            return
+        transport = _WsTransport(ws)
+        conn = Connection(self.broker, transport, _peer(ws.remote_address))
+        try:
+            async for msg in ws:
+                if isinstance(msg, str):
+                    conn.close()  # MQTT over WebSocket is binary only
+                    break
+                conn.feed(msg)
+                if conn.closed:
+                    break
+                while transport._paused and not conn.closed:
+                    await asyncio.sleep(0.01)
+        except Exception:
+            pass
+        finally:
+            conn.lost()
+            transport.close()
+            try:
+                await asyncio.wait_for(transport.sender, 5)
+            except (asyncio.TimeoutError, Exception):
+                pass
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 1)
+            except asyncio.TimeoutError:  # pragma: no cover
+                pass

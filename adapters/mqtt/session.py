@@ -1,0 +1,189 @@
+"""MQTT session state: subscriptions, per-subscription queue cursors, in-flight windows.
+
+Why this shape: the session is what outlives a connection (clean session 0 /
+session expiry > 0). Everything a session needs after a unimq restart is
+small and written through the processor's durable key-value store
+(``mqtt.sessions``: the subscriptions, their light message queues and the
+expiry); the messages themselves live in the store, in each QoS 1/2
+subscription's ``%LMQ%`` queue, and the session's progress through a queue is
+the processor's committed consumer offset (group ``mqtt``). In-flight packet
+ids, QoS 2 handshakes and the DUP bookkeeping are connection-era state kept in
+memory only, as MQTT allows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from typing import Any
+
+from .codec import MQTT_311
+
+__all__ = ["Subscription", "Cursor", "Inflight", "Session", "Outgoing", "SESSION_NEVER_EXPIRES"]
+
+SESSION_NEVER_EXPIRES = 0xFFFFFFFF
+
+
+class Outgoing:
+    """One application message on its way out: what a PUBLISH to a subscriber is built from."""
+
+    __slots__ = ("topic", "tb", "payload", "qos", "retain", "props", "expiry_at", "_v5", "raw")
+
+    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, props: dict[str, Any] | None,
+                 expiry_at: int = 0) -> None:
+        self.topic = topic
+        self.tb = topic.encode()
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.props = props  # v5 properties to forward (no alias, no subscription ids, no expiry)
+        self.expiry_at = expiry_at  # absolute ms, 0 = never
+        self._v5: bytes | None = None
+        self.raw: dict[str, str] | None = None  # stored properties, when props are still to derive
+
+    def v5props(self) -> dict[str, Any] | None:
+        if self.raw is not None:
+            from .broker import v5_props_of  # the mapping lives with the broker
+
+            self.props = v5_props_of(self.raw)
+            self.raw = None
+        return self.props
+
+    def expired(self, now_ms: int) -> bool:
+        return bool(self.expiry_at) and now_ms >= self.expiry_at
+
+
+class Subscription:
+    __slots__ = ("filter", "qos", "no_local", "rap", "rh", "sub_id", "lmq", "lmq_ready", "session", "group")
+
+    def __init__(self, flt: str, qos: int, session: "Session", *, no_local: bool = False, rap: bool = False,
+                 rh: int = 0, sub_id: int = 0, lmq: str | None = None, group: str | None = None) -> None:
+        self.filter = flt
+        self.qos = qos
+        self.no_local = no_local
+        self.rap = rap
+        self.rh = rh
+        self.sub_id = sub_id
+        self.lmq = lmq  # light message queue of a QoS 1/2 subscription
+        self.lmq_ready = False  # the LMQ topic is known to exist
+        self.session = session
+        self.group = group  # shared subscription group name
+
+    def key(self) -> str:
+        return f"$share/{self.group}/{self.filter}" if self.group else self.filter
+
+    def to_json(self) -> list[Any]:
+        return [self.key(), self.qos, int(self.no_local), int(self.rap), self.rh, self.sub_id, self.lmq]
+
+
+class Cursor:
+    """A session's progress through one LMQ: next offset to read, offsets in flight."""
+
+    __slots__ = ("read", "out", "done", "committed", "mem", "known_end", "must_pull")
+
+    def __init__(self, read: int, must_pull: bool = False) -> None:
+        self.read = read  # next offset to hand to the client
+        self.out: deque[int] = deque()  # offsets sent, in order, not yet acknowledged
+        self.done: set[int] = set()  # acknowledged out of order
+        self.committed = read
+        # Messages just stored in this LMQ, kept in memory so a connected session that is
+        # a little behind need not read them back from the store: contiguous offsets
+        # starting at ``read``, bounded; anything else is pulled from the store.
+        self.mem: deque[tuple[int, Any]] = deque()
+        self.known_end = read  # one past the highest offset known to be in the LMQ
+        self.must_pull = must_pull  # the store may hold messages beyond what we know of
+
+    def ack(self, offset: int) -> None:
+        out = self.out
+        if out and out[0] == offset:
+            out.popleft()
+            done = self.done
+            while out and out[0] in done:
+                done.discard(out.popleft())
+        else:
+            self.done.add(offset)
+
+    def floor(self) -> int:
+        return self.out[0] if self.out else self.read
+
+    def reset(self) -> None:
+        """Forget what was in flight: read again from the committed floor."""
+        self.read = self.floor()
+        self.out.clear()
+        self.done.clear()
+
+
+class Inflight:
+    """An outbound QoS 1/2 PUBLISH not yet acknowledged."""
+
+    __slots__ = ("msg", "qos", "lmq", "offset", "receipt", "sub_ids")
+
+    def __init__(self, msg: Outgoing, qos: int, lmq: str | None, offset: int, receipt: str | None,
+                 sub_ids: list[int] | None) -> None:
+        self.msg = msg
+        self.qos = qos
+        self.lmq = lmq
+        self.offset = offset
+        self.receipt = receipt  # shared subscriptions: the pop receipt handle (lmq is the group's)
+        self.sub_ids = sub_ids
+
+
+class Session:
+    __slots__ = (
+        "client_id", "version", "expiry", "subs", "lmq_seq", "conn", "cursors", "pending",
+        "inflight", "pubrel", "qos2_in", "next_pid", "pumping", "disconnected_at", "expiry_handle",
+        "will_handle", "dirty", "has_sub_ids", "ctx",
+    )
+
+    def __init__(self, client_id: str, version: int = MQTT_311, expiry: int = 0) -> None:
+        self.client_id = client_id
+        self.version = version
+        self.expiry = expiry  # seconds after disconnect; SESSION_NEVER_EXPIRES = never
+        self.subs: dict[str, Subscription] = {}  # key (filter or $share/g/f) -> subscription
+        self.lmq_seq = 0
+        self.conn: Any = None
+        self.cursors: dict[str, Cursor] = {}  # lmq -> cursor
+        self.pending: dict[str, int] = {}  # lmq -> wake generation (has data to read)
+        self.inflight: dict[int, Inflight] = {}  # packet id -> outbound in flight
+        self.pubrel: set[int] = set()  # outbound QoS 2: PUBREC received, PUBCOMP awaited
+        self.qos2_in: set[int] = set()  # inbound QoS 2: stored, PUBREL awaited
+        self.next_pid = 1
+        self.pumping = False
+        self.disconnected_at = 0  # ms
+        self.expiry_handle: Any = None
+        self.will_handle: Any = None
+        self.dirty: set[str] = set()  # lmqs whose committed offset must be written
+        self.has_sub_ids = False
+        self.ctx: Any = None
+
+    @property
+    def persistent(self) -> bool:
+        return self.expiry != 0
+
+    def alloc_pid(self) -> int:
+        pid = self.next_pid
+        inflight, pubrel = self.inflight, self.pubrel
+        for _ in range(65536):
+            if pid not in inflight and pid not in pubrel:
+                break
+            pid = pid + 1 if pid < 65535 else 1
+        else:  # pragma: no cover - the window is far smaller than 65535
+            raise RuntimeError("no free packet identifier")
+        self.next_pid = pid + 1 if pid < 65535 else 1
+        return pid
+
+    def outstanding(self) -> int:
+        return len(self.inflight) + len(self.pubrel)
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "v": self.version,
+                "e": self.expiry,
+                "n": self.lmq_seq,
+                "d": self.disconnected_at or (0 if self.conn is not None else int(time.time() * 1000)),
+                "s": [s.to_json() for s in self.subs.values()],
+            },
+            separators=(",", ":"),
+        ).encode()

@@ -1,0 +1,188 @@
+"""MQTT topic names and filters: validation, the unified-topic mapping, and the filter trie.
+
+Why a trie: a PUBLISH must find every subscription whose filter matches its
+topic without scanning all subscriptions (the issue's "not by scanning"). The
+trie holds one node per filter level; ``+`` and ``#`` are ordinary child keys,
+so matching a topic of L levels visits at most the nodes on the paths its
+levels and wildcards allow, independent of how many filters exist elsewhere.
+The ``$``-topic rule (MQTT 4.7.2: a filter starting with a wildcard does not
+match a topic starting with ``$``) is applied at the root.
+
+The one-model mapping lives here too: MQTT topic ``a/b/c`` is stored in the
+unified topic ``a`` (its first level), the full topic travelling in the
+``mqtt_topic`` property.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Iterator
+
+from .codec import RC_TOPIC_FILTER_INVALID, MQTTProtocolError
+
+__all__ = [
+    "TopicTrie",
+    "validate_filter",
+    "parse_shared",
+    "unified_topic",
+    "filter_matches",
+    "lmq_safe",
+]
+
+# A unified topic name must be 1..255 chars without control characters and must
+# not start with '%' (the broker's system topics). First levels that cannot be a
+# topic name are stored under this one.
+OTHER_TOPIC = "mqtt-other"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def unified_topic(mqtt_topic: str) -> str:
+    """The unified topic an MQTT topic is stored in: its first level (``a/b/c`` -> ``a``).
+
+    A first level that is empty (``/a``), starts with ``%`` (reserved for the
+    broker), is longer than 255 characters or holds control characters maps
+    to ``mqtt-other``; the full MQTT topic is always in the ``mqtt_topic`` property.
+    """
+    first = mqtt_topic.split("/", 1)[0]
+    if not first or first[0] == "%" or len(first) > 255 or _CONTROL.search(first):
+        return OTHER_TOPIC
+    return first
+
+
+def validate_filter(f: str) -> None:
+    """Raise MQTTProtocolError(0x8F) for an invalid topic filter (MQTT 4.7.1)."""
+    if not f:
+        raise MQTTProtocolError(RC_TOPIC_FILTER_INVALID, "empty topic filter")
+    if "+" not in f and "#" not in f:
+        return
+    levels = f.split("/")
+    last = len(levels) - 1
+    for i, lv in enumerate(levels):
+        if "#" in lv and (lv != "#" or i != last):
+            raise MQTTProtocolError(RC_TOPIC_FILTER_INVALID, f"'#' must be a whole last level in {f!r}")
+        if "+" in lv and lv != "+":
+            raise MQTTProtocolError(RC_TOPIC_FILTER_INVALID, f"'+' must be a whole level in {f!r}")
+
+
+def parse_shared(f: str) -> tuple[str | None, str]:
+    """``$share/group/filter`` -> (group, filter); anything else -> (None, f)."""
+    if not f.startswith("$share/"):
+        return None, f
+    rest = f[7:]
+    group, sep, flt = rest.partition("/")
+    if not sep or not group or not flt or "+" in group or "#" in group:
+        raise MQTTProtocolError(RC_TOPIC_FILTER_INVALID, f"invalid shared subscription {f!r}")
+    validate_filter(flt)
+    return group, flt
+
+
+def filter_matches(flt: str, topic: str) -> bool:
+    """Does filter ``flt`` match topic name ``topic`` (for retained lookups and tests)."""
+    if flt == topic:
+        return True
+    if topic.startswith("$") and flt[:1] in ("+", "#"):
+        return False
+    fl = flt.split("/")
+    tl = topic.split("/")
+    for i, f in enumerate(fl):
+        if f == "#":
+            return True
+        if i >= len(tl):
+            return False
+        if f != "+" and f != tl[i]:
+            return False
+    return len(fl) == len(tl)
+
+
+_SAFE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def lmq_safe(name: str) -> str:
+    """A short, filesystem- and topic-name-safe rendering of a client id or group."""
+    if _SAFE.fullmatch(name):
+        return name
+    return "h" + hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+class _Node:
+    __slots__ = ("children", "subs")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.subs: dict[Any, Any] = {}  # owner key -> entry
+
+
+class TopicTrie:
+    """Filters -> entries, one entry per (filter, owner key)."""
+
+    def __init__(self) -> None:
+        self.root = _Node()
+        self.count = 0
+
+    def add(self, flt: str, key: Any, entry: Any) -> None:
+        node = self.root
+        for lv in flt.split("/"):
+            nxt = node.children.get(lv)
+            if nxt is None:
+                nxt = node.children[lv] = _Node()
+            node = nxt
+        if key not in node.subs:
+            self.count += 1
+        node.subs[key] = entry
+
+    def remove(self, flt: str, key: Any) -> Any:
+        path = [self.root]
+        node = self.root
+        levels = flt.split("/")
+        for lv in levels:
+            node = node.children.get(lv)  # type: ignore[assignment]
+            if node is None:
+                return None
+            path.append(node)
+        entry = node.subs.pop(key, None)
+        if entry is not None:
+            self.count -= 1
+        # prune empty nodes bottom-up
+        for i in range(len(levels), 0, -1):
+            n = path[i]
+            if n.subs or n.children:
+                break
+            del path[i - 1].children[levels[i - 1]]
+        return entry
+
+    def match(self, topic: str) -> list[Any]:
+        """Every entry whose filter matches ``topic``."""
+        levels = topic.split("/")
+        n = len(levels)
+        out: list[Any] = []
+        stack = [(self.root, 0)]
+        dollar = topic[:1] == "$"
+        while stack:
+            node, i = stack.pop()
+            ch = node.children
+            if i == n:
+                if node.subs:
+                    out.extend(node.subs.values())
+                h = ch.get("#")
+                if h is not None and h.subs:
+                    out.extend(h.subs.values())
+                continue
+            if not (i == 0 and dollar):
+                h = ch.get("#")
+                if h is not None and h.subs:
+                    out.extend(h.subs.values())
+                p = ch.get("+")
+                if p is not None:
+                    stack.append((p, i + 1))
+            c = ch.get(levels[i])
+            if c is not None:
+                stack.append((c, i + 1))
+        return out
+
+    def __iter__(self) -> Iterator[Any]:
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield from node.subs.values()
+            stack.extend(node.children.values())

@@ -1,0 +1,60 @@
+"""Verifying the RocketMQ 5 client's ``MQv2-HMAC-SHA1`` authorization header.
+
+Every v2 client call carries metadata ``x-mq-date-time`` and
+``authorization: MQv2-HMAC-SHA1 Credential=<ak>, SignedHeaders=x-mq-date-time,
+Signature=<hex hmac-sha1(secret, date-time)>``. The scheme is tiny and has no
+library on PyPI, hence these few lines. The date-time is the client's *local*
+time with a literal ``Z`` (see the contract notes), so it is signed but not
+checked for skew. With no credentials configured every caller is accepted
+(clients still send an HMAC made with empty keys then).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Mapping
+
+from gateway.auth import UnauthorizedError
+
+ALGORITHM = "MQv2-HMAC-SHA1"
+
+
+def parse_authorization(header: str) -> dict[str, str]:
+    """``{"Credential": ak, "SignedHeaders": ..., "Signature": hex}`` from the header value."""
+    scheme, _, rest = header.strip().partition(" ")
+    if scheme != ALGORITHM:
+        raise UnauthorizedError(f"authorization scheme must be {ALGORITHM}")
+    fields: dict[str, str] = {}
+    for part in rest.split(","):
+        k, sep, v = part.strip().partition("=")
+        if sep:
+            fields[k.strip()] = v.strip()
+    return fields
+
+
+def sign(secret: str, date_time: str) -> str:
+    return hmac.new(secret.encode(), date_time.encode(), hashlib.sha1).hexdigest()
+
+
+def verify(metadata: Mapping[str, str], credentials: Mapping[str, str]) -> str | None:
+    """Check a call's signature; returns the access key (the principal), or None when auth is off.
+
+    Raises :class:`gateway.auth.UnauthorizedError` for a missing or malformed header,
+    an unknown access key or a signature that the key's secret does not produce.
+    """
+    if not credentials:
+        return None
+    header = metadata.get("authorization")
+    if not header:
+        raise UnauthorizedError("missing authorization header")
+    fields = parse_authorization(header)
+    ak = fields.get("Credential", "")
+    signature = fields.get("Signature", "")
+    secret = credentials.get(ak)
+    if not ak or secret is None:
+        raise UnauthorizedError(f"unknown access key {ak!r}")
+    date_time = metadata.get("x-mq-date-time", "")
+    if not date_time or not hmac.compare_digest(sign(secret, date_time), signature.lower()):
+        raise UnauthorizedError("signature does not match")
+    return ak

@@ -1,0 +1,215 @@
+"""Windowed statistics per topic and protocol, printed and published back to a unimq topic.
+
+    python -m spark_ingest.jobs.stats --endpoint http://127.0.0.1:8080 --topics factory,events,orders \\
+        [--window "1 minute"] [--fields temp,amount] [--output-topic unimq-stats] [--available-now]
+
+For every window of store time, topic and ingress protocol: message count,
+body bytes, and min/avg/max of each numeric JSON field (``--fields``; by
+default the numeric top-level fields found in a sample of each topic's latest
+messages). Each micro-batch's updated windows are printed and sent to
+``--output-topic`` as JSON messages (key ``<topic>|<protocol>|<window start>``,
+tag ``stats``, properties ``stats_topic``, ``stats_protocol``,
+``window_start``, ``window_end``): later messages for a key supersede earlier
+ones (output mode update). Publishing is at-least-once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from typing import Any, Sequence, TextIO
+
+import orjson
+
+from . import common
+
+MAX_AUTO_FIELDS = 8
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m spark_ingest.jobs.stats", description=__doc__.split("\n\n")[0])
+    common.add_source_args(p)
+    p.add_argument("--window", default="1 minute", metavar="DURATION", help='window length (default "1 minute")')
+    p.add_argument("--watermark", default="10 minutes", metavar="DURATION",
+                   help='how late a message may arrive and still count (default "10 minutes")')
+    p.add_argument("--fields", metavar="A,B", help="numeric JSON fields (dotted paths); default: discovered")
+    p.add_argument("--output-topic", default="unimq-stats", metavar="TOPIC",
+                   help="publish the statistics here (default unimq-stats)")
+    p.add_argument("--no-publish", action="store_true", help="only print")
+    p.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (default: a temporary one)")
+    p.add_argument("--show", type=int, default=20, metavar="N", help="rows printed per micro-batch (default 20)")
+    return p
+
+
+def discover_fields(endpoint: str, topics: list[str], sample: int = 50) -> list[str]:
+    """Numeric top-level JSON fields seen in the latest messages of ``topics`` (most frequent first)."""
+    import base64
+
+    from ..client import GatewayClient
+
+    seen: Counter[str] = Counter()
+    with GatewayClient(endpoint) as c:
+        for t in topics:
+            for q, (lo, hi) in (c.describe(t) or {}).items():
+                if hi <= lo:
+                    continue
+                page = c.pull_json(t, q, max(lo, hi - sample), sample)
+                for m in page["messages"]:
+                    try:
+                        doc = orjson.loads(base64.b64decode(m.get("body_base64") or ""))
+                    except orjson.JSONDecodeError:
+                        continue
+                    if isinstance(doc, dict):
+                        seen.update(k for k, v in doc.items()
+                                    if isinstance(v, (int, float)) and not isinstance(v, bool))
+    return [k for k, _ in seen.most_common(MAX_AUTO_FIELDS)]
+
+
+def topics_of(endpoint: str, args: argparse.Namespace) -> list[str]:
+    if args.topics:
+        return [t.strip() for t in args.topics.split(",") if t.strip()]
+    from ..client import GatewayClient
+    from ..offsets import select_topics
+
+    with GatewayClient(endpoint) as c:
+        return select_topics(list(c.list_topics()), (), args.topic_pattern)
+
+
+def _col_name(field: str) -> str:
+    return re.sub(r"[^0-9A-Za-z_]", "_", field)
+
+
+def aggregate(df: Any, fields: Sequence[str], window: str, watermark: str) -> Any:
+    """The windowed aggregation (a streaming or a batch DataFrame of the unimq table)."""
+    from pyspark.sql import functions as F
+
+    body = F.col("body").cast("string")
+    exprs = [F.count(F.lit(1)).alias("count"), F.sum(F.length("body")).cast("long").alias("bytes")]
+    for f in fields:
+        v = F.get_json_object(body, f"$.{f}").cast("double")
+        c = _col_name(f)
+        exprs += [F.min(v).alias(f"{c}__min"), F.avg(v).alias(f"{c}__avg"), F.max(v).alias(f"{c}__max")]
+    if df.isStreaming:
+        df = df.withWatermark("store_timestamp", watermark)
+    return df.groupBy(F.window("store_timestamp", window), "topic", "protocol").agg(*exprs)
+
+
+def presentable(agg: Any, fields: Sequence[str]) -> Any:
+    """Flat columns for printing and the JSON message for publishing."""
+    from pyspark.sql import functions as F
+
+    per_field = []
+    summary = []
+    for f in fields:
+        c = _col_name(f)
+        per_field.append(F.when(F.col(f"{c}__avg").isNotNull(), F.struct(
+            F.col(f"{c}__min").alias("min"), F.round(F.col(f"{c}__avg"), 3).alias("avg"),
+            F.col(f"{c}__max").alias("max"))).alias(f))
+        summary.append(F.when(F.col(f"{c}__avg").isNotNull(), F.format_string(
+            f"{f} %s/%s/%s", *(F.round(F.col(f"{c}__{a}"), 3) for a in ("min", "avg", "max")))))
+    fields_col = F.struct(*per_field) if per_field else F.lit(None).cast("map<string,string>")
+    out = agg.select(
+        F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
+        "topic", "protocol", "count", "bytes",
+        (F.concat_ws(", ", *summary) if summary else F.lit("")).alias("fields min/avg/max"),
+        fields_col.alias("fields"),
+    )
+    return out
+
+
+def format_table(rows: Sequence[Any], columns: Sequence[str]) -> str:
+    """A plain text table (what DataFrame.show prints, but to any stream)."""
+    def cell(v: Any) -> str:
+        if hasattr(v, "strftime"):
+            return v.strftime("%Y-%m-%d %H:%M:%S")
+        return "" if v is None else str(v)
+
+    table = [list(columns)] + [[cell(r[c]) for c in columns] for r in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def to_messages(df: Any, output_topic: str) -> Any:
+    """Rows for the unimq sink: one JSON message per (window, topic, protocol)."""
+    from pyspark.sql import functions as F
+
+    ws = F.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss'Z'")
+    we = F.date_format("window_end", "yyyy-MM-dd'T'HH:mm:ss'Z'")
+    body = F.to_json(F.struct(ws.alias("window_start"), we.alias("window_end"), "topic", "protocol", "count",
+                              "bytes", "fields"))
+    return df.select(
+        F.lit(output_topic).alias("topic"),
+        body.alias("body"),
+        F.lit("stats").alias("tag"),
+        F.array(F.concat_ws("|", "topic", "protocol", ws)).alias("keys"),
+        F.create_map(F.lit("stats_topic"), F.col("topic"), F.lit("stats_protocol"), F.col("protocol"),
+                     F.lit("window_start"), ws, F.lit("window_end"), we).alias("properties"),
+    )
+
+
+def choose_fields(args: argparse.Namespace, out: TextIO = sys.stdout) -> list[str]:
+    if args.fields:
+        return [f.strip() for f in args.fields.split(",") if f.strip()]
+    fields = discover_fields(args.endpoint, topics_of(args.endpoint, args))
+    print(f"[stats] numeric JSON fields found: {', '.join(fields) or '(none)'} (choose with --fields)",
+          file=out, flush=True)
+    return fields
+
+
+def start(spark: Any, args: argparse.Namespace, fields: Sequence[str], out: TextIO = sys.stdout) -> Any:
+    """Start the statistics query on ``spark`` (the caller follows or awaits it)."""
+    import tempfile
+
+    from pyspark.sql import functions as F
+
+    src = common.read_stream(spark, args).where(F.col("topic") != args.output_topic)  # never our own output
+    agg = presentable(aggregate(src, fields, args.window, args.watermark), fields)
+
+    def each_batch(batch_df: Any, batch_id: int) -> None:
+        # The updated windows are few (windows x topics x protocols): collect them once, print them,
+        # and publish them through the unimq sink from a local DataFrame (no second pass over the batch).
+        rows = batch_df.orderBy("window_start", "topic", "protocol").collect()
+        if not rows:
+            return
+        print(f"[stats] windows updated by batch {batch_id}: {len(rows)}", file=out, flush=True)
+        if args.show:
+            print(format_table(rows[: args.show], [c for c in batch_df.columns if c != "fields"]), file=out,
+                  flush=True)
+        if not args.no_publish:
+            local = spark.createDataFrame(rows, batch_df.schema)
+            (to_messages(local, args.output_topic).write.format("unimq")
+             .option("endpoint", args.endpoint).mode("append").save())
+
+    # Update mode emits each changed window per batch; the extra no-data batch Spark runs to
+    # advance the watermark would only evict state, so skip it (an availableNow run ends sooner).
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="unimq-stats-ckpt-")
+    w = (agg.writeStream.outputMode("update").foreachBatch(each_batch)
+         .option("checkpointLocation", checkpoint).queryName("unimq_stats"))
+    q = common.apply_trigger(w, args).start()
+    what = args.topics or f"/{args.topic_pattern}/"
+    dest = "printed only" if args.no_publish else f"published to topic {args.output_topic!r}"
+    print(f"[stats] {what}: windows of {args.window} per topic and protocol, {dest}", file=out, flush=True)
+    return q
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..progress import follow
+
+    fields = choose_fields(args)
+    spark = common.session(args, "unimq-stats")
+    q = start(spark, args, fields)
+    try:
+        follow(q, "stats", timeout_s=args.timeout)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

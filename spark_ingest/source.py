@@ -1,0 +1,367 @@
+"""The `unimq` PySpark data source: every unimq topic as a batch and streaming table.
+
+Design (README "Spark"; the measured facts behind it are in the connector notes):
+
+- Partitions are message queues, split when a range is larger than
+  ``maxMessagesPerPartition``; each is read by offset range through the HTTP
+  door's pull endpoint (never the store's files), page by page, as Arrow record
+  batches built by the server in the exact table schema. A replayed range
+  returns the same rows, so Spark's checkpoint (offsets WAL + commit log) with
+  a file sink gives exactly-once output; ``read()`` checks every page for
+  contiguous offsets so a gap is a loud :class:`DataLossError`, never silence.
+- Spark runs this code in three processes (the streaming driver runner, the
+  planner, the executors): the reader instance is pickled to executors, so it
+  holds only options and column names, and clients are created inside
+  ``read()`` or lazily on the driver and left out of the pickled state.
+  ``read()`` depends only on the partition and the options.
+- State that must survive between micro-batches (the availableNow target) lives
+  on the driver-side stream reader; a queue that appears later first enters an
+  end offset at its earliest offset and is read from the next batch on, so
+  ``partitions(start, end)`` never needs anything but its arguments (a replay
+  after a crash calls it without ``latestOffset``).
+- ``commit()`` does nothing: Spark calls it one batch late and never for the
+  last batch of an availableNow run, so the checkpoint, not the broker, is the
+  source of truth for progress.
+- The sink publishes rows as plain messages, at-least-once (a retried task
+  sends its rows again; the door has no idempotent producer).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from . import offsets as off
+from . import wire
+from .client import GatewayClient, GatewayError
+from .options import OptionError, SinkOptions, SourceOptions
+from .schema import SCHEMA_DDL, spark_schema
+
+DataLossError = off.DataLossError
+
+
+class UnimqPartition(InputPartition):
+    """One task: ``[start, end)`` of one queue of one topic."""
+
+    def __init__(self, topic: str, queue_id: int, start: int, end: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.start = start
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"UnimqPartition({self.topic!r}, queue={self.queue_id}, [{self.start}, {self.end}))"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnimqPartition) and vars(self) == vars(other)
+
+
+def current_bounds(client: GatewayClient, opts: SourceOptions, strict: bool) -> off.Bounds:
+    """{topic: {queue: (min, max)}} of the topics read. ``strict``: a named topic must exist."""
+    if opts.topic_pattern:
+        listed = client.list_topics()
+        return off.to_bounds({t: listed[t] for t in off.select_topics(list(listed), (), opts.topic_pattern)})
+    raw: dict[str, Any] = {}
+    for t in opts.topics:
+        d = client.describe(t)
+        if d is None and strict:
+            raise ValueError(f"unimq topic {t!r} does not exist at {opts.endpoint}")
+        raw[t] = d or {}
+    return off.to_bounds(raw)
+
+
+def _projection(schema: Any) -> tuple[str, ...] | None:
+    """Column names to keep when the user gave a schema (a subset of ours, same types)."""
+    if schema is None:
+        return None
+    ours = {f.name: f.dataType for f in spark_schema().fields}
+    names = tuple(f.name for f in schema.fields)
+    if names == tuple(ours):
+        return None
+    for f in schema.fields:
+        if f.name not in ours or ours[f.name] != f.dataType:
+            raise OptionError(
+                f"column {f.name} {f.dataType.simpleString()} is not in the unimq schema; "
+                f"leave .schema() out or pick columns of: {SCHEMA_DDL}"
+            )
+    return names
+
+
+def read_range(opts: SourceOptions, p: UnimqPartition, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Pull ``[p.start, p.end)`` of one queue page by page and check the offsets are contiguous."""
+    client = GatewayClient(opts.endpoint, opts.request_timeout_s, opts.retries)
+    arrow = opts.page_format == "arrow"
+    offset = p.start
+    where = f"topic {p.topic!r} queue {p.queue_id}"
+    try:
+        while offset < p.end:
+            want = min(opts.page_size, p.end - offset)
+            if arrow:
+                try:
+                    batches, _nxt, lo, hi = client.pull_arrow(p.topic, p.queue_id, offset, want)
+                except GatewayError as e:
+                    if e.status in (406, 422):  # a door without Arrow pages (or without pyarrow): JSON
+                        arrow = False
+                        continue
+                    raise
+                if len(batches) > 1:
+                    batches = pa.Table.from_batches(batches, wire.ARROW_SCHEMA).combine_chunks().to_batches()
+                batch = batches[0] if batches else None
+            else:
+                page = client.pull_json(p.topic, p.queue_id, offset, want)
+                lo, hi = int(page["min_offset"]), int(page["max_offset"])
+                batch = wire.json_to_batch(page["messages"])
+            n = batch.num_rows if batch is not None else 0
+            if n == 0:
+                if offset < lo:  # retention removed [offset, lo) before we read it
+                    if opts.fail_on_data_loss:
+                        raise DataLossError(
+                            f"{where}: offsets {offset}..{lo - 1} were deleted by retention before they were read "
+                            "(failOnDataLoss=false skips them)"
+                        )
+                    offset = lo
+                    continue
+                raise DataLossError(
+                    f"{where}: no message at offset {offset} (the queue holds [{lo}, {hi})) although the planned "
+                    f"range ends at {p.end}: the topic was deleted or recreated"
+                )
+            assert batch is not None
+            qo = batch.column(2).to_numpy()
+            first, last = int(qo[0]), int(qo[-1])
+            if first != offset or last - first != n - 1 or (n > 2 and not (np.diff(qo) == 1).all()):
+                if opts.fail_on_data_loss:
+                    missing = offset if first != offset else int(qo[np.flatnonzero(np.diff(qo) != 1)[0]] + 1)
+                    raise DataLossError(
+                        f"{where}: offset {missing} is missing from the queue (read {first}..{last} from {offset}); "
+                        "a message was lost or unreadable (failOnDataLoss=false skips it)"
+                    )
+            if last >= p.end:
+                keep = int(np.searchsorted(qo, p.end))
+                batch = batch.slice(0, keep)
+                last = p.end - 1
+            if columns is not None:
+                batch = batch.select(list(columns))
+            if batch.num_rows:
+                yield batch
+            offset = last + 1
+    finally:
+        client.close()
+
+
+class UnimqBatchReader(DataSourceReader):
+    def __init__(self, options: dict, columns: tuple[str, ...] | None = None) -> None:
+        self.opts = SourceOptions.parse(options)
+        self.columns = columns
+
+    def plan(self) -> list[UnimqPartition]:
+        with GatewayClient(self.opts.endpoint, self.opts.request_timeout_s, self.opts.retries) as client:
+            bounds = current_bounds(client, self.opts, strict=True)
+        start = off.resolve(self.opts.starting_offsets, bounds, "startingOffsets", default_latest=False)
+        start = off.check_data_loss(start, bounds, self.opts.fail_on_data_loss)
+        end = off.resolve(self.opts.ending_offsets, bounds, "endingOffsets", default_latest=True)
+        for t, qs in end.items():
+            for q, e in qs.items():
+                hi = bounds[t][q][1]
+                if e > hi:
+                    raise ValueError(f"endingOffsets: topic {t!r} queue {q}: {e} is past the queue's end {hi}")
+                if e < start[t][q]:
+                    raise ValueError(f"endingOffsets: topic {t!r} queue {q}: {e} is before the start {start[t][q]}")
+        ranges = off.plan(start, end, self.opts.max_messages_per_partition)
+        return [UnimqPartition(r.topic, r.queue_id, r.start, r.end) for r in ranges]
+
+    def partitions(self) -> list[UnimqPartition]:
+        return self.plan()
+
+    def read(self, partition: UnimqPartition) -> Iterator[pa.RecordBatch]:
+        yield from read_range(self.opts, partition, self.columns)
+
+
+class UnimqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict, columns: tuple[str, ...] | None = None) -> None:
+        self.opts = SourceOptions.parse(options)
+        self.columns = columns
+        self._target: off.Offsets | None = None
+        self._latest: off.Offsets | None = None
+        self._client: GatewayClient | None = None
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_client"] = None
+        return d
+
+    def _bounds(self) -> off.Bounds:
+        if self._client is None:
+            self._client = GatewayClient(self.opts.endpoint, self.opts.request_timeout_s, self.opts.retries)
+        return current_bounds(self._client, self.opts, strict=False)
+
+    def initialOffset(self) -> dict:
+        bounds = self._bounds()
+        return off.resolve(self.opts.starting_offsets, bounds, "startingOffsets", default_latest=False)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_messages_per_trigger:
+            return ReadMaxRows(self.opts.max_messages_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = off.latest(self._bounds())
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return self.next_end(start, limit, self._bounds())
+
+    def next_end(self, start: off.Offsets, limit: ReadLimit, bounds: off.Bounds) -> off.Offsets:
+        """The end offset of the next micro-batch (``latestOffset`` with the bounds given)."""
+        start = {t: {q: int(o) for q, o in qs.items()} for t, qs in start.items()}
+        checked = off.check_data_loss(start, bounds, self.opts.fail_on_data_loss)
+        latest = off.latest(bounds)
+        self._latest = off.merge_new_queues(latest, {t: {q: (o, o) for q, o in qs.items()} for t, qs in start.items()})
+        # Queues new since ``start`` enter the end offset at their earliest offset first (no rows
+        # yet), so the next batch's start names them and partitions() needs nothing else.
+        new = {t: {q: lo for q, (lo, _) in qs.items() if q not in start.get(t, {})} for t, qs in bounds.items()}
+        known = {t: {q: o for q, o in qs.items() if q in start.get(t, {})} for t, qs in latest.items()}
+        known = off.clamp(known, self._target, checked)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = off.cap(checked, known, max_rows)
+        for t, qs in new.items():
+            for q, lo in qs.items():
+                end.setdefault(t, {})[q] = lo
+        for t, qs in start.items():  # queues the broker no longer lists keep their offset (nothing to read)
+            for q, o in qs.items():
+                end.setdefault(t, {}).setdefault(q, o)
+        return {t: qs for t, qs in end.items() if qs}
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._latest
+
+    def partitions(self, start: dict, end: dict) -> list[UnimqPartition]:
+        ranges = off.plan(start, end, self.opts.max_messages_per_partition)
+        return [UnimqPartition(r.topic, r.queue_id, r.start, r.end) for r in ranges]
+
+    def read(self, partition: UnimqPartition) -> Iterator[pa.RecordBatch]:
+        yield from read_range(self.opts, partition, self.columns)
+
+    def commit(self, end: dict) -> None:
+        # Deliberately nothing (see the module docstring): Spark's checkpoint is the truth.
+        return None
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+# -- sink -----------------------------------------------------------------------------------
+
+
+class UnimqCommit(WriterCommitMessage):
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+def _utf8(v: Any) -> bytes:
+    return str(v).encode("utf-8")
+
+
+def row_to_message(d: dict, default_topic: str | None) -> tuple[str, bytes, dict[str, Any]]:
+    """(topic, body, headers) of one row: ``topic``, ``body``/``value``, ``tag``, ``keys``,
+    ``message_group``, ``properties`` columns; the ``topic`` option wins over a topic column."""
+    topic = default_topic or d.get("topic")
+    if not topic:
+        raise ValueError("the unimq sink needs the option topic or a topic column")
+    body = d.get("body", d.get("value"))
+    if body is None:
+        body = b""
+    elif isinstance(body, str):
+        body = body.encode("utf-8")
+    elif isinstance(body, (bytes, bytearray, memoryview)):
+        body = bytes(body)
+    else:
+        body = json.dumps(body, default=str).encode()
+    headers: dict[str, Any] = {"content-type": "application/octet-stream"}
+    if d.get("tag"):
+        headers["unimq-tag"] = _utf8(d["tag"])
+    keys = d.get("keys")
+    if keys:
+        headers["unimq-keys"] = _utf8(",".join(map(str, keys)) if isinstance(keys, (list, tuple)) else keys)
+    if d.get("message_group"):
+        headers["unimq-message-group"] = _utf8(d["message_group"])
+    props = d.get("properties") or {}
+    for k, v in (props.items() if isinstance(props, dict) else props):
+        if v is not None:
+            headers[f"unimq-prop-{k}"] = _utf8(v)
+    return str(topic), body, headers
+
+
+def publish_rows(opts: SinkOptions, rows: Iterator) -> int:
+    """POST each row as a plain message; at-least-once (a retried task sends its rows again)."""
+    n = 0
+    with GatewayClient(opts.endpoint, opts.request_timeout_s, opts.retries) as client:
+        for row in rows:
+            d = row.asDict(recursive=True) if hasattr(row, "asDict") else dict(row)
+            topic, body, headers = row_to_message(d, opts.topic)
+            client.send(topic, body, headers)
+            n += 1
+    return n
+
+
+class UnimqWriter(DataSourceWriter):
+    def __init__(self, options: dict) -> None:
+        self.opts = SinkOptions.parse(options)
+
+    def write(self, iterator: Iterator) -> UnimqCommit:
+        return UnimqCommit(publish_rows(self.opts, iterator))
+
+
+class UnimqStreamWriter(DataSourceStreamWriter):
+    def __init__(self, options: dict) -> None:
+        self.opts = SinkOptions.parse(options)
+
+    def write(self, iterator: Iterator) -> UnimqCommit:
+        return UnimqCommit(publish_rows(self.opts, iterator))
+
+    def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's name
+        return None
+
+    def abort(self, messages: list, batchId: int) -> None:  # noqa: N803
+        return None
+
+
+class UnimqDataSource(DataSource):
+    """``spark.read.format("unimq")`` / ``readStream`` / ``write`` / ``writeStream``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "unimq"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: Any) -> UnimqBatchReader:
+        return UnimqBatchReader(dict(self.options), _projection(schema))
+
+    def streamReader(self, schema: Any) -> UnimqStreamReader:
+        return UnimqStreamReader(dict(self.options), _projection(schema))
+
+    def writer(self, schema: Any, overwrite: bool) -> UnimqWriter:
+        return UnimqWriter(dict(self.options))
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> UnimqStreamWriter:
+        return UnimqStreamWriter(dict(self.options))
+
+
+def register(spark: Any) -> None:
+    """Register the source on a session (registration is per session, not per JVM)."""
+    spark.dataSource.register(UnimqDataSource)

@@ -1,0 +1,147 @@
+"""The one-model mapping of the MQTT door, checked through the processor itself.
+
+Why in-process: the point of the mapping is that a message published over
+MQTT is an ordinary stored message every other door reads. Here the door and
+a MessagingProcessor share one event loop over a real store in a temp dir, a
+real paho client publishes over a real socket, and the test reads the result
+with the processor's own pull and pop, as the AMQP, HTTP and gRPC doors and
+Spark do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import AsyncIterator
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from adapters.mqtt.broker import MQTTBroker, MQTTConfig
+from adapters.mqtt.server import MQTTDoor
+from core_broker.config import StoreConfig
+from core_broker.model import GetStatus
+from gateway.context import RequestContext
+from gateway.deployment import merged_processor
+from mqtt_fixtures import Paho
+
+pytestmark = pytest.mark.timeout(60)
+CTX = RequestContext(protocol="test", client_id="model-test")
+
+
+@pytest.fixture
+async def door(tmp_path) -> AsyncIterator[SimpleNamespace]:
+    p = merged_processor(StoreConfig(data_dir=tmp_path, commitlog_segment_size=16 << 20,
+                                     cq_entries_per_file=10_000, index_slots=1000, index_entries_per_file=4000,
+                                     disk_min_free_ratio=0.0, disk_refuse_free_ratio=0.0))
+    await p.start()
+    d = MQTTDoor(SimpleNamespace(processor=p, settings=None), MQTTBroker(p, MQTTConfig()), host="127.0.0.1", port=0)
+    _, port = await d.start()
+    try:
+        yield SimpleNamespace(processor=p, port=port, broker=d.broker)
+    finally:
+        await d.stop()
+        await p.stop()
+
+
+async def athread(fn, *a, **kw):
+    return await asyncio.to_thread(fn, *a, **kw)
+
+
+async def pull_all(p, topic: str) -> list:
+    route = await p.query_route(CTX, topic)
+    out = []
+    for q in route.queues:
+        r = await p.pull(CTX, topic, q.queue_id, 0, 100)
+        if r.status == GetStatus.FOUND:
+            out.extend(r.messages)
+    return out
+
+
+async def pull_until(p, topic: str, n: int) -> list:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            msgs = await pull_all(p, topic)
+        except Exception:
+            msgs = []
+        if len(msgs) >= n or time.monotonic() > deadline:
+            return msgs
+        await asyncio.sleep(0.05)
+
+
+async def test_publish_lands_in_first_level_topic_with_properties(door) -> None:
+    c = await athread(Paho, door.port, v5=True)
+    props = Properties(PacketTypes.PUBLISH)
+    props.UserProperty = [("region", "eu"), ("temp", "31")]
+    props.ContentType = "application/json"
+    await athread(c.publish, "a/b/c", b'{"t": 31}', 1, False, props)
+    await athread(c.publish, "a/x", b"second", 0)
+    msgs = await pull_until(door.processor, "a", 2)  # QoS 0: no ack to wait for
+    assert [m.body for m in sorted(msgs, key=lambda m: m.born_timestamp_ms)] == [b'{"t": 31}', b"second"]
+    m = next(m for m in msgs if m.body == b'{"t": 31}')
+    assert m.protocol == "mqtt"
+    assert m.properties["mqtt_topic"] == "a/b/c"
+    assert m.properties["region"] == "eu" and m.properties["temp"] == "31"
+    assert m.properties["mqtt_content_type"] == "application/json"
+    # pop consumption of the same topic by an unrelated consumer group
+    popped = await door.processor.pop(CTX, "spark-like", "a", 10, 30_000)
+    assert {p.message.body for p in popped} == {b"{\"t\": 31}", b"second"}
+    # SQL92 filters work on the MQTT properties
+    from core_broker.model import FilterExpression, FilterType
+
+    flt = FilterExpression("region = 'eu' AND temp > 30", FilterType.SQL92)
+    popped = await door.processor.pop(CTX, "filtered", "a", 10, 30_000, flt)
+    assert [p.message.body for p in popped] == [b'{"t": 31}']
+    await athread(c.disconnect)
+
+
+async def test_wildcard_subscriptions_are_multi_dispatched_into_lmqs(door) -> None:
+    s1 = await athread(Paho, door.port, "s1")
+    s2 = await athread(Paho, door.port, "s2")
+    await athread(s1.subscribe, "sensors/#", 1)
+    await athread(s2.subscribe, "sensors/+/temp", 1)
+    pub = await athread(Paho, door.port)
+    await athread(pub.publish, "sensors/k1/temp", b"21.5", 1)
+    await athread(pub.publish, "sensors/k1/hum", b"40", 1)
+    assert {m.payload for m in await athread(s1.get_n, 2)} == {b"21.5", b"40"}
+    assert (await athread(s2.get)).payload == b"21.5"
+    # the messages are stored once in "sensors" and indexed into one LMQ per subscription
+    topics = {t.name for t in await door.processor.list_topics(CTX, include_system=True)}
+    lmqs = sorted(t for t in topics if t.startswith("%LMQ%mqtt/"))
+    assert lmqs == ["%LMQ%mqtt/s1/1", "%LMQ%mqtt/s2/1"]
+    r1 = await door.processor.pull(CTX, "%LMQ%mqtt/s1/1", 0, 0, 10)
+    r2 = await door.processor.pull(CTX, "%LMQ%mqtt/s2/1", 0, 0, 10)
+    assert [m.body for m in r1.messages] == [b"21.5", b"40"]
+    assert [m.body for m in r2.messages] == [b"21.5"]
+    stored = await pull_all(door.processor, "sensors")
+    assert len(stored) == 2
+    assert {m.commitlog_offset for m in stored} == {m.commitlog_offset for m in r1.messages}  # body stored once
+    # the subscriber's progress is the committed offset of group "mqtt" (flushed every 200 ms)
+    deadline = time.monotonic() + 10
+    while await door.processor.get_offset(CTX, "mqtt", "%LMQ%mqtt/s1/1", 0) != 2:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    # unsubscribing removes the subscription's LMQ
+    await athread(s2.c.unsubscribe, "sensors/+/temp")
+    deadline = time.monotonic() + 10
+    while "%LMQ%mqtt/s2/1" in {t.name for t in await door.processor.list_topics(CTX, include_system=True)}:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    for c in (s1, s2, pub):
+        await athread(c.disconnect)
+
+
+async def test_qos0_to_online_subscribers_does_not_create_lmqs(door) -> None:
+    s = await athread(Paho, door.port, "zero")
+    await athread(s.subscribe, "z/#", 0)
+    pub = await athread(Paho, door.port)
+    await athread(pub.publish, "z/1", b"a", 1)
+    assert (await athread(s.get)).payload == b"a"
+    topics = {t.name for t in await door.processor.list_topics(CTX, include_system=True)}
+    assert not any(t.startswith("%LMQ%mqtt/zero") for t in topics)
+    assert [m.body for m in await pull_until(door.processor, "z", 1)] == [b"a"]  # still stored for other readers
+    await athread(s.disconnect)
+    await athread(pub.disconnect)
