@@ -36,9 +36,11 @@ END = "<!-- bench:end -->"
 # name -> module path; later issues append theirs (processor, mqtt, amqp, ...).
 SECTIONS: dict[str, str] = {
     "store": "bench.store_bench",
+    "processor": "bench.processor_bench",
     "grpc": "bench.grpc_bench",
     "amqp": "bench.amqp_bench",
     "mqtt": "bench.mqtt_bench",
+    "spark": "bench.spark_bench",
     "http": "bench.http_bench",
 }
 

@@ -308,6 +308,8 @@ class BrokerController:
             last = max((r for r, _ in out), key=lambda r: r.commitlog_offset + r.store_size)
             for m in plain:
                 self.notify(m.topic)
+                for t in m.extra_dispatch:  # long polls on multi-dispatch queues wake too
+                    self.notify(t.topic)
         if last is not None:
             await self.store.wait_durable(last)
         return out
@@ -454,8 +456,9 @@ class BrokerController:
 
     def pull_raw(
         self, topic: str, queue_id: int, offset: int, max_count: int
-    ) -> tuple[list[bytes], list[int], str, int, int] | None:
-        """Undecoded records for columnar readers (see MessageStore.get_raw); None: use pull()."""
+    ) -> tuple[bytes, memoryview, int, str, int, int] | None:
+        """Undecoded consume-queue entries and commitlog bytes for columnar readers (see
+        MessageStore.get_raw); None: use pull()."""
         tc = self.store.topics.get(topic)
         if tc is None or queue_id not in tc.queue_ids or max_count < 1:
             return None

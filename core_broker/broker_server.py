@@ -74,6 +74,9 @@ class BrokerServer:
                 pass
             await ns.close()
         await self._rpc.stop()
+        while not self._checks.empty():  # checks no gateway took: they did not happen
+            _, _, _, tid = self._checks.get_nowait()
+            self.controller.transactions.uncount_check(tid)
         await self.controller.stop()
 
     def _topics(self) -> dict[str, dict]:

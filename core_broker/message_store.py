@@ -392,7 +392,9 @@ class MessageStore:
             return self._await_flush_blocking(r)
         return r
 
-    def _put_batch_locked(self, msgs: Sequence[Message], now: int) -> list[PutResult]:
+    def _put_batch_locked(
+        self, msgs: Sequence[Message], now: int, results: list[PutResult] | None = None
+    ) -> list[PutResult]:
         """Append a batch with one write into the segment; falls back per message when needed.
 
         Messages with extra dispatch targets, keys or client ids take the single path
@@ -410,7 +412,8 @@ class MessageStore:
             raise StoreClosedError("the store is not running")
         if self._refuse_puts:
             raise StoreFullError("the data disk is nearly full; puts are refused until space is freed")
-        results: list[PutResult] = []
+        if results is None:  # a caller's list keeps the results made before an exception
+            results = []
         add = results.append
         cl = self.commitlog
         limit = self._max_size
@@ -564,10 +567,11 @@ class MessageStore:
         """Event-loop variant: the write is a memcpy; in sync mode await the group commit.
 
         In sync mode the write is deferred to one callback that writes every
-        put_async queued on this loop meanwhile (:meth:`_drain_puts`): one lock
-        acquisition, one flush registration and one wake-up per group instead of
-        per message, which is what lets many concurrent writers share each
-        fdatasync cheaply. A put cancelled before its group is written is not stored.
+        put_async queued on this loop meanwhile (:meth:`_drain_puts`) through the
+        batch path: one lock acquisition, one flush registration and one wake-up
+        per group instead of per message, which is what lets many concurrent
+        writers share each fdatasync cheaply. Each writer still gets its own
+        result or error. A put cancelled before its group is written is not stored.
         """
         if not self._sync:
             now = int(_time() * 1000)
@@ -585,17 +589,28 @@ class MessageStore:
     def _drain_puts(self, loop: asyncio.AbstractEventLoop) -> None:
         """Write the put_async group queued on ``loop`` (sync mode); settle it after one flush."""
         q = self._put_queues.pop(loop, ())
+        live = [(msg, fut) for msg, fut in q if not fut.done()]  # not cancelled before it was written
         done: list[tuple[asyncio.Future, PutResult]] = []
+        out: list[PutResult] = []
         now = int(_time() * 1000)
         try:
             with self._lock:
-                for msg, fut in q:
-                    if fut.done():  # cancelled before it was written
-                        continue
-                    try:
-                        done.append((fut, self._put_locked(msg, now)))
-                    except Exception as e:  # this message's error; the group goes on
-                        fut.set_exception(e)
+                try:
+                    self._put_batch_locked([msg for msg, _ in live], now, out)
+                    done = [(fut, r) for (_, fut), r in zip(live, out)]
+                except Exception:
+                    # Keep what reached the log (below write_pos), then put the rest one by
+                    # one, so an error is only the failing message's (or each, if the store's).
+                    end = self.commitlog.write_pos
+                    k = 0
+                    while k < len(out) and out[k].commitlog_offset < end:
+                        k += 1
+                    done = [(fut, r) for (_, fut), r in zip(live[:k], out)]
+                    for msg, fut in live[k:]:
+                        try:
+                            done.append((fut, self._put_locked(msg, now)))
+                        except Exception as e:
+                            fut.set_exception(e)
             if done:
                 r = done[-1][1]  # written in order under one lock: the last one ends the group
                 self._flush.future(r.commitlog_offset + r.store_size).add_done_callback(  # type: ignore[union-attr]
@@ -795,38 +810,65 @@ class MessageStore:
         return GetResult(status, out, next_off, lo, hi)
 
     def get_raw(
-        self, topic: str, queue_id: int, offset: int, max_count: int
-    ) -> tuple[list[bytes], list[int], str, int, int] | None:
-        """Consecutive records ``[offset, offset+n)`` of one queue as stored bytes, undecoded.
+        self, topic: str, queue_id: int, offset: int, max_count: int, max_span: int = 32 << 20
+    ) -> tuple[bytes, memoryview, int, str, int, int] | None:
+        """Queue offsets ``[offset, offset+n)`` of one queue as undecoded bytes, for bulk readers.
 
-        For bulk (columnar) readers such as the HTTP door's Arrow pages: decoding message by
-        message in Python is what bounds a pull. Answers (records, their commitlog offsets, the
-        message-id prefix, the queue's min and max offset). None whenever :meth:`get` must be used instead: offset not in
-        ``[min, max)``, or a record in range is a link, unreadable or gone to retention.
+        For columnar readers such as the HTTP door's Arrow pages: decoding message by message in
+        Python is what bounds a pull, so this does no per-message work at all. Answers
+        ``(entries, span, span_base, id_prefix, queue_min, queue_max)``: ``entries`` holds the n
+        consume-queue entries (``consume_queue.ENTRY``: commitlog offset, size, tag hash) and
+        ``span`` a read-only view of the mapped commitlog from the first record to the end of the
+        last (so it also holds other queues' records in between), starting at commitlog offset
+        ``span_base``: no copy, so use it within the call and drop it (a segment retention
+        unmaps meanwhile stays mapped while a view exists; the bytes below the write position
+        never change). n is cut so the span stays in one segment and under ``max_span`` bytes.
+        None when :meth:`get` must be used: offset not in ``[min, max)``, data gone to retention.
         """
         cq = self._cqs.get((topic, queue_id))
         if cq is None or not cq.min_offset <= offset < cq.max_offset:
             return None
-        out: list[bytes] = []
-        phys_out: list[int] = []
-        find = self.commitlog.files.find
-        limit = self.commitlog.write_pos
-        mf = None
+        esize = CQ_ENTRY.size
+        unpack = CQ_ENTRY.unpack_from
         try:
-            for phys, size, _th in cq.get(offset, max_count):
-                if mf is None or not mf.base <= phys < mf.base + mf.size:
-                    mf = find(phys)
-                    if mf is None:
-                        return None
-                pos = phys - mf.base
-                rec = mf.mm[pos : pos + size]
-                if phys + size > limit or len(rec) != size or size < record.HEADER_SIZE or rec[12] & record.FLAG_LINK:
+            mf = cq.files.find(offset * esize)
+            if mf is None:
+                return None
+            pos = offset * esize - mf.base
+            stop = min((min(offset + max_count, cq.max_offset)) * esize - mf.base, mf.size)
+            entries = mf.mm[pos:stop]
+            n = len(entries) // esize
+            if n == 0:
+                return None
+            first = unpack(entries, 0)[0]
+            seg = self.commitlog.files.find(first)
+            if seg is None:
+                return None
+            limit = min(seg.base + seg.size, self.commitlog.write_pos, first + max_span)
+
+            def fits(i: int) -> bool:
+                phys, size, _ = unpack(entries, i * esize)
+                return first <= phys and phys + size <= limit
+
+            if not fits(n - 1):  # keep the longest prefix whose records lie in the span (offsets grow)
+                lo, hi = 0, n - 1
+                if not fits(0):
                     return None
-                out.append(rec)
-                phys_out.append(phys)
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if fits(mid):
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                n = lo + 1
+                entries = entries[: n * esize]
+            last, last_size, _ = unpack(entries, (n - 1) * esize)
+            span = memoryview(seg.mm)[first - seg.base : last + last_size - seg.base].toreadonly()
         except (ValueError, CorruptRecordError):  # a segment unmapped by retention meanwhile
             return None
-        return out, phys_out, self._id_prefix, cq.min_offset, cq.max_offset
+        if self.commitlog.min_offset > first:  # retention moved past it meanwhile
+            return None
+        return entries, span, first, self._id_prefix, cq.min_offset, cq.max_offset
 
     def read_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         """The message at one queue offset, or None if it is gone or not there yet."""

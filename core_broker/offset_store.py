@@ -19,6 +19,7 @@ class ConsumerOffsetStore:
         # group -> (topic, queue_id) -> offset
         self.table: dict[str, dict[tuple[str, int], int]] = {}
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._dirty = False
 
     def load(self) -> None:
@@ -53,9 +54,10 @@ class ConsumerOffsetStore:
 
     def persist(self, force: bool = False) -> None:
         """Write the table if it changed; runs on the store's background thread."""
-        with self._lock:
-            if not (self._dirty or force):
-                return
-            snapshot = {g: {f"{tp}@{q}": o for (tp, q), o in t.items()} for g, t in self.table.items()}
-            self._dirty = False
-        write_json_atomic(self.path, snapshot)
+        with self._write_lock:  # the snapshot and housekeeping threads both persist
+            with self._lock:
+                if not (self._dirty or force):
+                    return
+                snapshot = {g: {f"{tp}@{q}": o for (tp, q), o in t.items()} for g, t in self.table.items()}
+                self._dirty = False
+            write_json_atomic(self.path, snapshot)

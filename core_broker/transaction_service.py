@@ -150,6 +150,16 @@ class TransactionService:
         self._checks.pop(h.half_offset, None)
         return r
 
+    def uncount_check(self, transaction_id: str) -> None:
+        """A check that never reached a producer (its queue died with a stop) does not count."""
+        h = self.pending.get(transaction_id)
+        if h is None or h.checks <= 0:
+            return
+        h.checks -= 1
+        h.last_check_ms = 0
+        self._checks[h.half_offset] = h.checks
+        self.journal.append("tcheck", {"hq": h.half_offset, "n": h.checks})
+
     def message_of(self, transaction_id: str) -> StoredMessage | None:
         h = self.pending.get(transaction_id)
         if h is None:

@@ -11,9 +11,10 @@ and routing each call to the broker that owns the data.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Protocol, Sequence
 
 from crc32c import crc32c
 
@@ -28,7 +29,7 @@ from core_broker.errors import (
 )
 from core_broker.remoting.client import PeerUnavailableError
 from core_broker.filter import compile_filter
-from core_broker.model import FilterExpression, GetResult, Message, MessageType, StoredMessage
+from core_broker.model import DispatchTarget, FilterExpression, GetResult, Message, MessageType, StoredMessage
 from core_broker.pop_service import PoppedMessage
 from core_broker.receipt import ReceiptHandle
 from core_broker.system_topics import RESERVED_PREFIX, is_lmq, is_system_topic
@@ -39,6 +40,9 @@ from .auth import AllowAll, Authorizer
 from .broker_client import BrokerClient, QueueRoute, TopicRoute
 from .context import RequestContext
 from .metrics import Metrics
+
+
+log = logging.getLogger("unimq.processor")
 
 
 class MessageTypeMismatchError(BadRequestError):
@@ -55,6 +59,22 @@ class ProcessorConfig:
     default_queue_count: int = 8
     max_message_size: int = 4 * 1024 * 1024
     max_batch: int = 1024
+
+
+class Router(Protocol):
+    """A door's view of every message sent through any door: the cross-protocol seam.
+
+    ``route`` runs before the message is stored and names the door's own queues
+    it must be multi-dispatched into (an MQTT subscription's LMQ for a message
+    that came in over AMQP on ``amq.topic``, an AMQP queue bound to ``amq.topic``
+    for a message that came in over MQTT, ...). A door returns nothing for the
+    messages it routed itself. ``after_send`` runs once they are stored, for live
+    delivery (waking sessions, QoS 0 fan-out). Both are synchronous and must be cheap.
+    """
+
+    def route(self, message: Message) -> Iterable[DispatchTarget]: ...
+
+    def after_send(self, messages: Sequence[Message], results: Sequence["SendResult"]) -> None: ...
 
 
 class SendResult(NamedTuple):
@@ -106,6 +126,7 @@ class MessagingProcessor:
         self._rr = itertools.count()
         self._route_rr: dict[str, int] = {}
         self._checkers: list[TransactionChecker] = []
+        self._routers: list[Router] = []
 
     async def start(self) -> None:
         await self.broker.start()
@@ -188,6 +209,8 @@ class MessagingProcessor:
                 m.born_host = ctx.remote_address
             if not m.born_timestamp_ms:
                 m.born_timestamp_ms = now
+            if self._routers:
+                self._route_extra(m)
             q = self._select_queue(route, m)
             m.queue_id = q.queue_id
             by_broker.setdefault(q.broker, []).append((i, m))
@@ -221,7 +244,31 @@ class MessagingProcessor:
         self.metrics.inc("messages_in", ctx.protocol, len(messages))
         for topic, n in topic_counts.items():
             self.metrics.inc_topic("messages_in", ctx.protocol, topic, n)
+        for router in self._routers:
+            try:
+                router.after_send(messages, results)  # type: ignore[arg-type]
+            except Exception:  # a door's live delivery must never fail a stored send
+                log.exception("router %r failed after a send", router)
         return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ cross-protocol routing
+
+    def add_router(self, router: "Router") -> None:
+        """Let a door route every message sent through any door (see :class:`Router`)."""
+        self._routers.append(router)
+
+    def remove_router(self, router: "Router") -> None:
+        if router in self._routers:
+            self._routers.remove(router)
+
+    def _route_extra(self, m: Message) -> None:
+        extra = list(m.extra_dispatch)
+        for router in self._routers:
+            for t in router.route(m):
+                if t not in extra and (t.topic, t.queue_id) != (m.topic, m.queue_id):
+                    extra.append(t)
+        if len(extra) != len(m.extra_dispatch):
+            m.extra_dispatch = tuple(extra)
 
     async def end_transaction(
         self,
@@ -262,6 +309,12 @@ class MessagingProcessor:
         """
         self._checkers.append(checker)
         self.broker.set_transaction_checker(self._dispatch_check)
+
+    def remove_transaction_checker(self, checker: TransactionChecker) -> None:
+        """Undo :meth:`add_transaction_checker` (a door that stops)."""
+        if checker in self._checkers:
+            self._checkers.remove(checker)
+        self.broker.set_transaction_checker(self._dispatch_check if self._checkers else None)
 
     async def _dispatch_check(self, topic: str, producer_group: str, message: StoredMessage, tid: str) -> bool:
         for checker in list(self._checkers):
@@ -421,18 +474,20 @@ class MessagingProcessor:
 
     async def pull_raw(
         self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int
-    ) -> tuple[list[bytes], list[int], str, int, int] | None:
-        """Undecoded records of ``[offset, offset+n)`` for columnar readers (the HTTP door's Arrow
-        pages) as (records, commitlog offsets, message-id prefix, queue min, queue max); None when :meth:`pull` must be used (remote broker, link records, offset out of range)."""
+    ) -> tuple[bytes, memoryview, int, str, int, int] | None:
+        """Queue offsets ``[offset, offset+n)`` undecoded, for columnar readers (the HTTP door's
+        Arrow pages): see MessageStore.get_raw for the tuple. None when :meth:`pull` must be used
+        (a remote broker, offset out of range)."""
         self.authorizer.check(ctx, "sub", topic)
         fn = getattr(self.broker, "pull_raw", None)  # the in-process broker client only
         if fn is None:
             return None
         b = await self._queue_broker(ctx, topic, queue_id, None)
         r = await fn(b, topic, queue_id, offset, max_count)
-        if r is not None and r[0]:
-            self.metrics.inc("messages_out", ctx.protocol, len(r[0]))
-            self.metrics.inc_topic("messages_out", ctx.protocol, topic, len(r[0]))
+        if r is not None:
+            n = len(r[0]) // 20  # 20-byte consume-queue entries
+            self.metrics.inc("messages_out", ctx.protocol, n)
+            self.metrics.inc_topic("messages_out", ctx.protocol, topic, n)
         return r
 
     async def commit_offset(

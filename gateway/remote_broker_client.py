@@ -111,6 +111,10 @@ class RemoteBrokerClient:
             self._start_pollers()
         return brokers
 
+    async def list_brokers(self, refresh: bool = False) -> list[dict]:
+        """The brokers the nameservers know (name, address, perm, topics)."""
+        return await self._brokers(refresh=refresh)
+
     def invalidate(self, topic: str) -> None:
         self._routes.pop(topic, None)
 

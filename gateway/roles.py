@@ -108,9 +108,31 @@ async def start_core(settings: Any, state: Any, started: list, announce: Callabl
         state.processor = processor
         return
     if role == "gateway":
-        processor = MessagingProcessor(RemoteBrokerClient(parse_addresses(settings.namesrv)), processor_config(settings))
+        client = RemoteBrokerClient(parse_addresses(settings.namesrv))
+        processor = MessagingProcessor(client, processor_config(settings))
         await processor.start()
+        await _wait_for_brokers(client)
         state.processor = processor
         await bring_up(ProcessorRpcDoor(settings.host, settings.rpc_port, processor))
         return
     raise ValueError(f"unknown role {role!r}")
+
+
+async def _wait_for_brokers(client: RemoteBrokerClient, timeout_s: float = 60.0) -> None:
+    """A gateway is ready once some broker is registered (doors load their state from one)."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if await client.list_brokers(refresh=True):
+                return
+        except Exception as e:  # nameservers not up yet
+            last = e
+        else:
+            last = None
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"no broker registered with the nameservers within {timeout_s:.0f}s ({last})")
+        log.info("waiting for a broker to register with the nameservers")
+        await asyncio.sleep(0.2)

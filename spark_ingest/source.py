@@ -100,30 +100,53 @@ def _projection(schema: Any) -> tuple[str, ...] | None:
     return names
 
 
+def _fetch(client: GatewayClient, state: dict, topic: str, queue_id: int, offset: int,
+           want: int) -> tuple[pa.RecordBatch | None, int, int]:
+    """One page as (batch or None when empty, queue min offset, queue max offset)."""
+    if state["arrow"]:
+        try:
+            batches, _nxt, lo, hi = client.pull_arrow(topic, queue_id, offset, want)
+        except GatewayError as e:
+            if e.status not in (406, 422):
+                raise
+            state["arrow"] = False  # a door without Arrow pages (or without pyarrow): JSON pages
+        else:
+            if len(batches) > 1:
+                batches = pa.Table.from_batches(batches, wire.ARROW_SCHEMA).combine_chunks().to_batches()
+            return (batches[0] if batches and batches[0].num_rows else None), lo, hi
+    page = client.pull_json(topic, queue_id, offset, want)
+    msgs = page["messages"]
+    return (wire.json_to_batch(msgs) if msgs else None), int(page["min_offset"]), int(page["max_offset"])
+
+
 def read_range(opts: SourceOptions, p: UnimqPartition, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
-    """Pull ``[p.start, p.end)`` of one queue page by page and check the offsets are contiguous."""
+    """Pull ``[p.start, p.end)`` of one queue page by page and check the offsets are contiguous.
+
+    The next page is requested while Spark consumes the current one (one request in flight,
+    on one keep-alive connection), so the door builds a page while the engine converts the last.
+    """
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     client = GatewayClient(opts.endpoint, opts.request_timeout_s, opts.retries)
-    arrow = opts.page_format == "arrow"
+    state = {"arrow": opts.page_format == "arrow"}
+    pool = ThreadPoolExecutor(1, thread_name_prefix="unimq-prefetch")
+    ahead: tuple[int, int, Future] | None = None
     offset = p.start
     where = f"topic {p.topic!r} queue {p.queue_id}"
     try:
         while offset < p.end:
             want = min(opts.page_size, p.end - offset)
-            if arrow:
-                try:
-                    batches, _nxt, lo, hi = client.pull_arrow(p.topic, p.queue_id, offset, want)
-                except GatewayError as e:
-                    if e.status in (406, 422):  # a door without Arrow pages (or without pyarrow): JSON
-                        arrow = False
-                        continue
-                    raise
-                if len(batches) > 1:
-                    batches = pa.Table.from_batches(batches, wire.ARROW_SCHEMA).combine_chunks().to_batches()
-                batch = batches[0] if batches else None
+            if ahead is not None and ahead[:2] == (offset, want):
+                batch, lo, hi = ahead[2].result()
             else:
-                page = client.pull_json(p.topic, p.queue_id, offset, want)
-                lo, hi = int(page["min_offset"]), int(page["max_offset"])
-                batch = wire.json_to_batch(page["messages"])
+                if ahead is not None:  # a guess that missed (a short page): let it finish, drop it
+                    ahead[2].exception()
+                batch, lo, hi = _fetch(client, state, p.topic, p.queue_id, offset, want)
+            ahead = None
+            if offset + want < p.end:  # speculate that this page is full: fetch the next one now
+                nxt = offset + want
+                nwant = min(opts.page_size, p.end - nxt)
+                ahead = (nxt, nwant, pool.submit(_fetch, client, state, p.topic, p.queue_id, nxt, nwant))
             n = batch.num_rows if batch is not None else 0
             if n == 0:
                 if offset < lo:  # retention removed [offset, lo) before we read it
@@ -158,6 +181,9 @@ def read_range(opts: SourceOptions, p: UnimqPartition, columns: Sequence[str] | 
                 yield batch
             offset = last + 1
     finally:
+        if ahead is not None:
+            ahead[2].exception()  # never close the connection under a request in flight
+        pool.shutdown(wait=True)
         client.close()
 
 
@@ -238,6 +264,11 @@ class UnimqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for t, qs in new.items():
             for q, lo in qs.items():
                 end.setdefault(t, {})[q] = lo
+        for t, qs in start.items():  # recreated (failOnDataLoss=false): restart at its earliest, as if new
+            for q, o in qs.items():
+                b = bounds.get(t, {}).get(q)
+                if b is not None and o > b[1]:
+                    end[t][q] = b[0]
         for t, qs in start.items():  # queues the broker no longer lists keep their offset (nothing to read)
             for q, o in qs.items():
                 end.setdefault(t, {}).setdefault(q, o)

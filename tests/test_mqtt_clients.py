@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -204,3 +205,33 @@ def test_raw_client_smoke(port: int) -> None:
     raw = RawClient(port)
     assert raw.connect("smoke").reason_code == 0
     raw.close()
+
+
+def test_amqp_amq_topic_and_mqtt_are_one_stream(server) -> None:
+    """RabbitMQ's MQTT-plugin convention: amq.topic routing key a.b.c <-> MQTT topic a/b/c, both ways."""
+    pika = pytest.importorskip("pika")
+    if "amqp" not in server.ports:
+        pytest.skip("no AMQP door in this build")
+    mq = Paho(server.ports["mqtt"], "interop", v5=True)
+    mq.subscribe("fleet/+/pos", qos=1)
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.ports["amqp"]))
+    try:
+        ch = conn.channel()
+        ch.basic_publish("amq.topic", "fleet.k2.pos", b"from-amqp", pika.BasicProperties(delivery_mode=2))
+        m = mq.get()
+        assert (m.topic, m.payload, m.qos) == ("fleet/k2/pos", b"from-amqp", 1)
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(q, "amq.topic", "fleet.#")
+        mq.publish("fleet/k3/pos", b"from-mqtt", qos=1)
+        got = None
+        deadline = time.monotonic() + 10
+        while got is None and time.monotonic() < deadline:
+            method, _, body = ch.basic_get(q, auto_ack=True)
+            if method is not None:
+                got = (method.routing_key, body)
+            else:
+                time.sleep(0.05)
+        assert got == ("fleet.k3.pos", b"from-mqtt")
+    finally:
+        conn.close()
+        mq.disconnect()

@@ -145,3 +145,26 @@ async def test_qos0_to_online_subscribers_does_not_create_lmqs(door) -> None:
     assert [m.body for m in await pull_until(door.processor, "z", 1)] == [b"a"]  # still stored for other readers
     await athread(s.disconnect)
     await athread(pub.disconnect)
+
+
+async def test_messages_other_doors_send_on_mqtt_topics_reach_mqtt_subscribers(door) -> None:
+    """The processor's router seam: e.g. AMQP amq.topic 'fleet.k1.pos' is stored as MQTT 'fleet/k1/pos'."""
+    from core_broker.model import Message
+
+    q1 = await athread(Paho, door.port, "x-q1", v5=True)
+    await athread(q1.subscribe, "fleet/+/pos", 1)
+    q0 = await athread(Paho, door.port, "x-q0")
+    await athread(q0.subscribe, "fleet/#", 0)
+    amqp = RequestContext(protocol="amqp", client_id="amqp-door")
+    m = Message("fleet", b"52.1,4.3", properties={"mqtt_topic": "fleet/k1/pos", "x-source": "amqp"}, protocol="amqp")
+    await door.processor.send(amqp, [m])
+    got = await athread(q1.get)
+    assert (got.topic, got.payload, got.qos) == ("fleet/k1/pos", b"52.1,4.3", 1)
+    assert ("x-source", "amqp") in got.properties.UserProperty
+    got0 = await athread(q0.get)
+    assert (got0.topic, got0.payload) == ("fleet/k1/pos", b"52.1,4.3")
+    # stored once in "fleet", indexed into the QoS 1 subscription's LMQ
+    r = await door.processor.pull(CTX, "%LMQ%mqtt/x-q1/1", 0, 0, 10)
+    assert [x.body for x in r.messages] == [b"52.1,4.3"]
+    for c in (q1, q0):
+        await athread(c.disconnect)

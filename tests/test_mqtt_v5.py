@@ -263,3 +263,36 @@ def test_server_keepalive_and_small_packet_limit(tmp_path_factory, tmp_path) -> 
         c.disconnect()
     finally:
         srv.stop()
+
+
+def test_will_delay_and_will_properties_raw(port: int) -> None:
+    watcher = Paho(port, v5=True)
+    watcher.subscribe("wd/#", options=opts(1))
+    # a delayed will is published after its delay when the client does not come back
+    raw = RawClient(port, C.MQTT_5)
+    will = C.Will("wd/late", b"gone for good", 1, False,
+                  {"will_delay_interval": 1, "user_property": [("why", "crash")], "content_type": "text/plain"})
+    raw.connect("wd-1", clean=True, will=will, properties={"session_expiry_interval": 60})
+    raw.close()
+    m = watcher.get()
+    assert (m.topic, m.payload) == ("wd/late", b"gone for good")
+    assert m.properties.UserProperty == [("why", "crash")] and m.properties.ContentType == "text/plain"
+    # ... and not at all when the client reconnects within the delay
+    raw = RawClient(port, C.MQTT_5)
+    raw.connect("wd-2", clean=True, will=C.Will("wd/never", b"x", 1, False, {"will_delay_interval": 30}),
+                properties={"session_expiry_interval": 60})
+    raw.close()
+    time.sleep(0.3)
+    back = RawClient(port, C.MQTT_5)
+    assert back.connect("wd-2", clean=False, properties={"session_expiry_interval": 60}).session_present
+    back.send(C.Disconnect())
+    back.close()
+    # DISCONNECT with reason 0x04 publishes the will at once
+    raw = RawClient(port, C.MQTT_5)
+    raw.connect("wd-3", will=C.Will("wd/asked", b"by request", 1, False))
+    raw.send(C.Disconnect(C.RC_DISCONNECT_WITH_WILL))
+    raw.close()
+    m = watcher.get()
+    assert (m.topic, m.payload) == ("wd/asked", b"by request")
+    watcher.nothing(0.5)
+    watcher.disconnect()

@@ -427,8 +427,35 @@ class AmqpBroker:
 
     # ------------------------------------------------------------------ lifecycle
 
+    # -- cross-protocol routing (gateway.processor.Router) ------------------------------
+
+    def _foreign_queues(self, m: Message) -> list["QueueState"]:
+        """AMQP queues bound to ``amq.topic`` that a message from another door reaches.
+
+        RabbitMQ's MQTT-plugin convention: MQTT topic a/b/c is routing key a.b.c on
+        amq.topic of the default vhost, so an MQTT (or any door's) message carrying an
+        ``mqtt_topic`` property lands in the AMQP queues bound there.
+        """
+        if m.protocol == "amqp":
+            return []  # routed by the door itself at publish
+        mqtt = m.properties.get("mqtt_topic") if m.properties else None
+        vh = self.vhosts.get("/")
+        if not mqtt or vh is None:
+            return []
+        return vh.route("amq.topic", mqtt.replace("/", "."), None)
+
+    def route(self, m: Message) -> list[DispatchTarget]:
+        return [DispatchTarget(q.topic, 0) for q in self._foreign_queues(m)]
+
+    def after_send(self, messages: Any, results: Any) -> None:
+        for m in messages:
+            for q in self._foreign_queues(m):
+                q.on_enqueued(m)
+
     async def start(self) -> None:
         pencode.support_deprecated_rabbitmq(True)  # integers in tables as b/s/I/l, the types RabbitMQ sends
+        if hasattr(self.processor, "add_router"):
+            self.processor.add_router(self)
         await self._load()
         loop = asyncio.get_running_loop()
         self._tasks = [
@@ -442,6 +469,8 @@ class AmqpBroker:
 
     async def stop(self) -> None:
         self.stopping = True
+        if hasattr(self.processor, "remove_router"):
+            self.processor.remove_router(self)
         for t in self._tasks:
             t.cancel()
         for vh in self.vhosts.values():

@@ -27,6 +27,9 @@ How MQTT maps onto the one model (see also README, "MQTT door"):
   a QoS 0 message for an offline session is dropped, as Mosquitto does.
 - Retained messages and persistent sessions are small state written through
   the processor's durable key-value store (``mqtt.retained``, ``mqtt.sessions``).
+- Messages other doors send with an ``mqtt_topic`` property (AMQP ``amq.topic``
+  with routing key ``a.b.c`` is MQTT ``a/b/c``) reach MQTT subscribers through
+  the processor's router seam (:meth:`MQTTBroker.route` / ``after_send``).
 """
 
 from __future__ import annotations
@@ -225,6 +228,9 @@ class MQTTBroker:
         self.connections: set[Connection] = set()
         self._route_cache: dict[str, tuple[list[Subscription], list[SharedGroup]]] = {}
         self._unified: dict[str, str] = {}  # MQTT topic -> unified topic (cache)
+        # messages other doors are sending to MQTT subscribers: id(message) -> plan
+        self._xroute: dict[int, tuple[Outgoing, list[tuple[Subscription, DispatchTarget]], list[Subscription],
+                                      list[SharedGroup]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._flusher: asyncio.Task[None] | None = None
         self._dirty_sessions: set[Session] = set()
@@ -237,8 +243,12 @@ class MQTTBroker:
         self.loop = asyncio.get_running_loop()
         await self._load()
         self._flusher = self.loop.create_task(self._flush_loop(), name="mqtt-offsets")
+        if hasattr(self.processor, "add_router"):
+            self.processor.add_router(self)  # messages other doors send on MQTT topics
 
     async def stop(self) -> None:
+        if hasattr(self.processor, "remove_router"):
+            self.processor.remove_router(self)
         for conn in list(self.connections):
             conn.close(C.RC_SERVER_SHUTTING_DOWN, "server shutting down", publish_will=False)
         if self._flusher is not None:
@@ -503,6 +513,16 @@ class MQTTBroker:
             changed = True
             codes.append(opts.qos)
             new_subs.append((sub, existed))
+        # create the LMQs now, so that any door's router may dispatch into them at once
+        for sub, _ in new_subs:
+            if sub.group:
+                g = self.groups.get((sub.group, sub.filter))
+                if g is not None and not g.lmq_ready and sub.qos > 0:
+                    await self._ensure_lmq(g.lmq)
+                    g.lmq_ready = True
+            elif sub.lmq and not sub.lmq_ready:
+                await self._ensure_lmq(sub.lmq)
+                sub.lmq_ready = True
         conn.send(encode(C.Suback(pkt.packet_id, codes), conn.version))
         if changed and s.persistent:
             await self._save_session(s)
@@ -635,7 +655,8 @@ class MQTTBroker:
             for res, subs_, out in zip(results, lmq_subs, outs):
                 if subs_ is None:
                     continue
-                offsets = res.extra_offsets if len(res.extra_offsets) == len(subs_) else None
+                # our targets come first in extra_dispatch (other doors' routers append theirs)
+                offsets = res.extra_offsets if len(res.extra_offsets) >= len(subs_) else None
                 for j, sub in enumerate(subs_):
                     if sub is None:
                         continue
@@ -669,6 +690,83 @@ class MQTTBroker:
             if it.retain and code < 0x80:
                 await self._retain(it)
         return codes
+
+    # -- the processor's Router seam: messages sent by other doors (AMQP amq.topic, ...)
+
+    def route(self, m: Message) -> list[DispatchTarget]:
+        """Dispatch targets for a message another door is storing with an ``mqtt_topic``.
+
+        AMQP's ``amq.topic`` with routing key ``a.b.c`` is stored as MQTT ``a/b/c``
+        (RabbitMQ's MQTT-plugin convention); MQTT subscribers must see it like any
+        MQTT publish. QoS is the message's ``mqtt_qos`` (1 when absent: stored, acked).
+        """
+        if m.protocol == "mqtt":
+            return []  # the door routed its own publishes already
+        props = m.properties
+        topic = props.get(P_TOPIC) if props else None
+        if not topic:
+            return []
+        subs, groups = self._route(topic)
+        if not subs and not groups:
+            return []
+        out = outgoing_from_stored(props, m.body, m.topic)
+        targets: list[DispatchTarget] = []
+        lmq_subs: list[tuple[Subscription, DispatchTarget]] = []
+        direct: list[Subscription] = []
+        for sub in subs:
+            q = sub.qos if sub.qos < out.qos else out.qos
+            if q == 0 or not sub.lmq or not sub.lmq_ready:
+                if sub.session.conn is not None:
+                    direct.append(sub)
+                continue
+            t = DispatchTarget(sub.lmq, 0)
+            targets.append(t)
+            lmq_subs.append((sub, t))
+        for g in groups:
+            if out.qos and g.qos and g.lmq_ready:
+                targets.append(DispatchTarget(g.lmq, 0))
+                g.pending += 1
+        if len(self._xroute) > 10_000:  # sends that failed never reach after_send
+            self._xroute.clear()
+        self._xroute[id(m)] = (out, lmq_subs, direct, groups)
+        return targets
+
+    def after_send(self, messages: Any, results: Any) -> None:
+        """Live delivery of what :meth:`route` dispatched, once it is stored."""
+        if not self._xroute:
+            return
+        for m, res in zip(messages, results):
+            plan = self._xroute.pop(id(m), None)
+            if plan is None or res is None:
+                continue
+            out, lmq_subs, direct, groups = plan
+            extra = list(m.extra_dispatch)
+            offsets = res.extra_offsets
+            for sub, t in lmq_subs:
+                try:
+                    off = offsets[extra.index(t)]
+                except (ValueError, IndexError):
+                    s = sub.session
+                    cur = s.cursors.get(sub.lmq)  # type: ignore[arg-type]
+                    if cur is not None:
+                        cur.must_pull = True
+                    s.pending[sub.lmq] = s.pending.get(sub.lmq, 0) + 1  # type: ignore[index]
+                    self.wake(s)
+                    continue
+                self._offer(sub.session, sub, out, off)
+            for sub in direct:
+                conn = sub.session.conn
+                if conn is not None:
+                    conn.deliver(out, 0, False, self._sub_ids(sub.session, out.topic, sub))
+            for g in groups:
+                if out.qos == 0 or g.qos == 0 or not g.lmq_ready:
+                    online = g.online()
+                    if online:
+                        g.rr += 1
+                        sub = online[g.rr % len(online)]
+                        sub.session.conn.deliver(out, 0, False, [sub.sub_id] if sub.sub_id else None)
+                else:
+                    self.wake_group(g)
 
     async def _retain(self, it: C.Publish) -> None:
         if not it.payload:  # an empty retained message clears the topic's

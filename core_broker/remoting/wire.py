@@ -10,6 +10,7 @@ adapter in a gateway sees exactly what it would see in merged mode.
 from __future__ import annotations
 
 import enum
+import threading
 from typing import Any, Callable
 
 import msgpack
@@ -58,9 +59,22 @@ def register_ext(code: int, cls: type, to_list: Callable[[Any], list], from_list
     _EXT_BY_CODE[code] = from_list
 
 
+_LATE: dict[str, type] = {}
+
+
+def _late_types() -> dict[str, type]:
+    """Types of modules that import this one (resolved once, on first use)."""
+    if not _LATE:
+        from ..broker_controller import QueueStats, TopicStats
+        from ..pop_service import PoppedMessage
+
+        _LATE.update(QueueStats=QueueStats, TopicStats=TopicStats, PoppedMessage=PoppedMessage)
+    return _LATE
+
+
 def _pack(obj: Any, packb: Callable[[Any], bytes]) -> msgpack.ExtType:
-    from ..broker_controller import QueueStats, TopicStats
-    from ..pop_service import PoppedMessage
+    late = _LATE or _late_types()
+    QueueStats, TopicStats, PoppedMessage = late["QueueStats"], late["TopicStats"], late["PoppedMessage"]
 
     ext = _EXT_BY_TYPE.get(type(obj))
     if ext is not None:
@@ -100,8 +114,8 @@ def _pack(obj: Any, packb: Callable[[Any], bytes]) -> msgpack.ExtType:
 
 
 def _unpack(code: int, data: bytes) -> Any:
-    from ..broker_controller import QueueStats, TopicStats
-    from ..pop_service import PoppedMessage
+    late = _LATE or _late_types()
+    QueueStats, TopicStats, PoppedMessage = late["QueueStats"], late["TopicStats"], late["PoppedMessage"]
 
     f = unpackb(data)
     if code == _M:
@@ -138,8 +152,30 @@ def _unpack(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
+# One Packer per nesting depth (an extension's payload is packed while its parent is
+# being packed), per thread: creating a Packer per call cost more than the packing.
+_tls = threading.local()
+
+
 def packb(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True, strict_types=True, default=lambda o: _pack(o, packb))
+    depth = getattr(_tls, "depth", 0)
+    packers = getattr(_tls, "packers", None)
+    if packers is None:
+        packers = _tls.packers = []
+    if depth == len(packers):
+        packers.append(msgpack.Packer(use_bin_type=True, strict_types=True, default=_default))
+    _tls.depth = depth + 1
+    try:
+        return packers[depth].pack(obj)
+    except BaseException:
+        packers[depth] = msgpack.Packer(use_bin_type=True, strict_types=True, default=_default)  # reset its buffer
+        raise
+    finally:
+        _tls.depth = depth
+
+
+def _default(o: Any) -> Any:
+    return _pack(o, packb)
 
 
 def unpackb(data: bytes) -> Any:

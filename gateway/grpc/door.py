@@ -153,14 +153,15 @@ class GrpcDoor:
         self._server = server
         advertised = settings.host if settings.host not in _WILDCARD else "127.0.0.1"
         self.service.default_endpoints = cv.endpoints([(advertised, port)])
-        processor.set_transaction_checker(self.service.check_transaction)
+        processor.add_transaction_checker(self.service.check_transaction)
         log.info("grpc door on %s (%s)", address, "TLS" if settings.grpc_tls_cert else "plaintext")
         return settings.host, port
 
     async def stop(self) -> None:
         if self._server is None:
             return
-        self._state.processor.set_transaction_checker(None)
+        if self.service is not None:
+            self._state.processor.remove_transaction_checker(self.service.check_transaction)
         await self._server.stop(grace=1.0)
         self._server = None
         if self.service is not None:

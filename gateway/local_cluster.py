@@ -1,8 +1,9 @@
-"""A separated unimq deployment as real OS processes on 127.0.0.1, for tests.
+"""A separated unimq deployment as real OS processes on 127.0.0.1.
 
 One nameserver, N brokers and M gateways, each started with the documented
-commands (`python -m gateway.cli nameserver|broker|gateway`) on free ports,
-each stopped by its own PID.
+commands (`python -m gateway.cli nameserver|broker|gateway`) on free ports and
+each stopped by its own PID. The separated test suite and the benchmark use
+it; it is also a quick way to try the separated shape on one machine.
 """
 
 from __future__ import annotations

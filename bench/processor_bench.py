@@ -1,0 +1,201 @@
+"""The MessagingProcessor's cost over the bare store, and the separated deployment's throughput.
+
+Rows (issue 3): send and pop+ack through the processor API (merged mode, one
+process) beside the store-only figure for the same work, so the processor's
+overhead is visible (target: the processor costs under 30% of store-only
+throughput). Rows (issue 4): send and pop+ack through one gateway of a
+separated deployment (nameserver + 2 brokers + gateways as processes) beside
+merged mode, and through two gateway processes in parallel.
+
+What is timed: wall clock around N operations on one asyncio loop (uvloop when
+installed). Send rows send batches of 32 x 100 B messages unless marked
+single; pop+ack rows pop 32 at a time and ack each popped message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import tempfile
+import time
+from pathlib import Path
+
+from . import Context, Row
+
+NAME = "processor"
+TITLE = "MessagingProcessor and deployment shapes"
+BATCH = 32
+BODY = b"x" * 100
+
+
+def _loop_run(coro):
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+async def _merged(root: Path, n_single: int, n_batch: int) -> dict[str, float]:
+    from core_broker.config import BrokerConfig, StoreConfig
+    from core_broker.model import Message
+    from gateway.context import RequestContext
+    from gateway.deployment import merged_processor
+
+    sc = StoreConfig(data_dir=root, commitlog_segment_size=256 << 20)
+    p = merged_processor(sc, BrokerConfig())
+    await p.start()
+    store = p.broker.broker.store  # type: ignore[attr-defined]
+    ctx = RequestContext("bench")
+    await p.create_topic(ctx, "pb", queues=8)
+    out: dict[str, float] = {}
+
+    # store only: the same messages put straight into the store
+    msgs = [Message("pb", BODY, queue_id=i & 7) for i in range(n_single)]
+    t = time.perf_counter()
+    for m in msgs:
+        store.put_nowait(m)
+    out["store_single"] = n_single / (time.perf_counter() - t)
+
+    t = time.perf_counter()
+    for i in range(n_single):
+        await p.send(ctx, [Message("pb", BODY)])
+    out["proc_single"] = n_single / (time.perf_counter() - t)
+
+    batches = [[Message("pb", BODY, queue_id=i & 7) for _ in range(BATCH)] for i in range(n_batch // BATCH)]
+    t = time.perf_counter()
+    for b in batches:
+        store.put_batch_nowait(b)
+    out["store_batch"] = n_batch / (time.perf_counter() - t)
+
+    t = time.perf_counter()
+    for _ in range(n_batch // BATCH):
+        await p.send(ctx, [Message("pb", BODY) for _ in range(BATCH)])
+    out["proc_batch"] = n_batch / (time.perf_counter() - t)
+
+    # store only read: get 32 at a time through every queue
+    t = time.perf_counter()
+    got = 0
+    for q in range(8):
+        off = 0
+        while True:
+            r = store.get("pb", q, off, BATCH)
+            if not r.messages:
+                break
+            got += len(r.messages)
+            off = r.next_offset
+    out["store_get"] = got / (time.perf_counter() - t)
+
+    # pop + ack through the processor over the same backlog
+    t = time.perf_counter()
+    done = 0
+    while done < got:
+        popped = await p.pop(ctx, "bench-g", "pb", BATCH, 60_000)
+        if not popped:
+            break
+        for m in popped:
+            await p.ack(ctx, "bench-g", "pb", m.receipt_handle)
+        done += len(popped)
+    out["proc_popack"] = done / (time.perf_counter() - t)
+    await p.stop()
+    return out
+
+
+def _remote_worker(gateway: tuple[str, int], topic: str, n: int, mode: str, q: multiprocessing.Queue) -> None:
+    """One client process driving one gateway (the load generator must not be the bottleneck)."""
+
+    async def main() -> float:
+        from core_broker.model import Message
+        from gateway.context import RequestContext
+        from gateway.processor_rpc import RemoteProcessor
+
+        rp = RemoteProcessor([gateway])
+        ctx = RequestContext("bench")
+        done = 0
+        t = time.perf_counter()
+
+        async def sender(k: int) -> None:
+            nonlocal done
+            while done < n:
+                done += BATCH
+                await rp.send(ctx, [Message(topic, BODY) for _ in range(BATCH)])
+
+        async def consumer(k: int) -> None:
+            nonlocal done
+            idle = 0
+            while done < n and idle < 3:
+                popped = await rp.pop(ctx, "bench-g", topic, BATCH, 60_000, wait_ms=200)
+                idle = 0 if popped else idle + 1
+                done += len(popped)
+                await asyncio.gather(*(rp.ack(ctx, "bench-g", topic, m.receipt_handle) for m in popped))
+
+        await asyncio.gather(*((sender if mode == "send" else consumer)(k) for k in range(8)))
+        dt = time.perf_counter() - t
+        await rp.stop()
+        return done / dt
+
+    q.put(_loop_run(main()))
+
+
+def _parallel(gateways: list[tuple[str, int]], topic: str, n_each: int, mode: str) -> float:
+    ctx = multiprocessing.get_context("spawn")
+    q: multiprocessing.Queue = ctx.Queue()
+    procs = [ctx.Process(target=_remote_worker, args=(g, topic, n_each, mode, q)) for g in gateways]
+    for p in procs:
+        p.start()
+    rates = [q.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    return sum(rates)
+
+
+def run(ctx: Context) -> list[Row]:
+    n_single = 5_000 if ctx.quick else 20_000
+    n_batch = 32_000 if ctx.quick else 160_000
+    m = _loop_run(_merged(ctx.scratch("merged"), n_single, n_batch))
+    rows: list[Row] = []
+
+    def overhead_row(name: str, proc: float, store: float, floor: bool) -> Row:
+        ratio = proc / store
+        return Row(NAME, name, proc, proc * 100 / 1e6, f"store only {store:,.0f}/s", f"{ratio:.0%} of store",
+                   ">= 70% of store only" if floor else "—", (ratio >= 0.7) if floor else None)
+
+    rows.append(overhead_row("send, 1 x 100 B per call, merged", m["proc_single"], m["store_single"], True))
+    rows.append(overhead_row(f"send, {BATCH} x 100 B per call, merged", m["proc_batch"], m["store_batch"], True))
+    rows.append(overhead_row(f"pop({BATCH}) + ack each, merged", m["proc_popack"], m["store_get"], False))
+
+    # separated: nameserver + 2 brokers + 2 gateways as processes
+    from gateway.local_cluster import Cluster
+
+    root = Path(tempfile.mkdtemp(dir=ctx.data_dir, prefix="cluster-"))
+    cluster = Cluster(root, brokers=2, gateways=2).start()
+    try:
+        gws = cluster.gateway_rpc()
+        n = 16_000 if ctx.quick else 64_000
+
+        async def create() -> None:
+            from gateway.context import RequestContext
+            from gateway.processor_rpc import RemoteProcessor
+
+            rp = RemoteProcessor(gws)
+            for t in ("s1", "s2"):
+                await rp.create_topic(RequestContext("bench"), t, queues=8)
+            await rp.stop()
+
+        _loop_run(create())
+        one_send = _parallel(gws[:1], "s1", n, "send")
+        one_pop = _parallel(gws[:1], "s1", n, "pop")
+        two_send = _parallel(gws, "s2", n // 2, "send")
+        two_pop = _parallel(gws, "s2", n // 2, "pop")
+    finally:
+        cluster.stop()
+    rows.append(Row(NAME, f"send, {BATCH} x 100 B per call, separated, 1 gateway", one_send, one_send * 100 / 1e6,
+                    f"merged {m['proc_batch']:,.0f}/s", f"{one_send / m['proc_batch']:.2f}x of merged"))
+    rows.append(Row(NAME, f"send, {BATCH} x 100 B per call, separated, 2 gateways in parallel", two_send,
+                    two_send * 100 / 1e6, f"1 gateway {one_send:,.0f}/s", f"{two_send / one_send:.2f}x of 1 gateway"))
+    rows.append(Row(NAME, f"pop({BATCH}) + ack each, separated, 1 gateway", one_pop, None,
+                    f"merged {m['proc_popack']:,.0f}/s", f"{one_pop / m['proc_popack']:.2f}x of merged"))
+    rows.append(Row(NAME, f"pop({BATCH}) + ack each, separated, 2 gateways in parallel", two_pop, None,
+                    f"1 gateway {one_pop:,.0f}/s", f"{two_pop / one_pop:.2f}x of 1 gateway"))
+    return rows
