@@ -49,6 +49,29 @@ class Context:
         p.mkdir(parents=True, exist_ok=False)
         return p
 
+    # The disk peer is measured in two parts, each once, when a section first needs it
+    # (and at the end of the run otherwise), so that a section can take its fsync-bound
+    # figures next to the fsync peer, before anything writes gigabytes: the disk's
+    # fsync latency stays high for seconds after dd or a bulk write.
+
+    def fsync_peer(self) -> "DiskBaseline":
+        from . import disk_baseline
+
+        if self.peer is None:
+            self.peer = disk_baseline.DiskBaseline()
+        if not self.peer.fsync_runs:
+            disk_baseline.measure_fsync(self.peer, self.scratch("disk-fsync"), quick=self.quick)
+        return self.peer
+
+    def dd_peer(self) -> "DiskBaseline":
+        from . import disk_baseline
+
+        if self.peer is None:
+            self.peer = disk_baseline.DiskBaseline()
+        if not self.peer.dd_runs:
+            disk_baseline.measure_dd(self.peer, self.scratch("disk-dd"), quick=self.quick)
+        return self.peer
+
 
 def fmt_int(x: float | None) -> str:
     return "—" if x is None else f"{x:,.0f}"

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from . import Context, Row, disk_baseline, fmt_int, fmt_mb
+from . import Context, Row, fmt_int, fmt_mb
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -51,6 +51,8 @@ What is timed (wall clock, `time.perf_counter`, one process):
   (dd's own byte count and seconds, so the final fdatasync is included); the fsync-per-write
   rate is a Python loop `os.write(fd, 100 B)` + `os.fdatasync(fd)` appending to one file
   (the 64-thread line: the same loop in 64 threads, each on its own file; information only).
+  The fsync rates are taken first, and a section's fsync-bound rows right after them, before
+  dd and any bulk write: the disk's fsync latency stays high for seconds after gigabytes.
 - The disk peer is measured {reps} and its best run is reported (the ratios to it are
   conservative); the other runs are listed above. The load average is recorded because other
   processes on the machine skew every figure.
@@ -229,12 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         info = machine(run_dir)
         print(f"bench: data dir {run_dir} ({_filesystem(run_dir)})", file=sys.stderr)
-        print("bench: disk peer (dd, fsync per write)...", file=sys.stderr)
-        ctx.peer = disk_baseline.measure(ctx.scratch("disk"), quick=args.quick)
-        rows += peer_rows(ctx)
         for mod in modules:
             print(f"bench: {mod.NAME} ({mod.TITLE})...", file=sys.stderr)
             rows += mod.run(ctx)
+        # the peer parts no section asked for (sections take them when they need them)
+        print("bench: disk peer (fsync per write, dd)...", file=sys.stderr)
+        ctx.fsync_peer()
+        ctx.dd_peer()
+        rows = peer_rows(ctx) + rows
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
         try:

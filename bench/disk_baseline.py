@@ -83,6 +83,7 @@ def dd_write(directory: Path, mib: int) -> tuple[int, float, str]:
             path.unlink()
         except FileNotFoundError:
             pass
+        os.sync()  # commit the deletion (and an online discard) before anything else is timed
 
 
 def _fsync_loop(path: Path, seconds: float, counts: list[int], slot: int, start: threading.Event | None) -> None:
@@ -130,19 +131,28 @@ def fsync_rate_concurrent(directory: Path, seconds: float, writers: int = 64) ->
     return sum(counts), time.perf_counter() - t0
 
 
-def measure(directory: Path, *, quick: bool) -> DiskBaseline:
-    """dd and the single-writer fsync rate: best of 3 (1 with ``quick``); 64 writers once."""
-    reps = 1 if quick else 3
-    b = DiskBaseline()
-    for _ in range(reps):
+def measure_dd(b: DiskBaseline, directory: Path, *, quick: bool) -> None:
+    """dd bandwidth: best of 3 (1 with ``quick``)."""
+    for _ in range(1 if quick else 3):
         nbytes, secs, b.dd_tool = dd_write(directory, 256 if quick else 1024)
         b.dd_runs.append(nbytes / secs / 1e6)
         if not b.dd_seconds or nbytes / secs > b.dd_bytes / b.dd_seconds:
             b.dd_bytes, b.dd_seconds = nbytes, secs
-    for _ in range(reps):
+
+
+def measure_fsync(b: DiskBaseline, directory: Path, *, quick: bool) -> None:
+    """The single-writer fsync rate: best of 3 (1 with ``quick``); 64 writers once."""
+    for _ in range(1 if quick else 3):
         n, secs = fsync_rate(directory, 1.0 if quick else 1.5)
         b.fsync_runs.append(n / secs)
         if not b.fsync_seconds or n / secs > b.fsync_rate:
             b.fsync_writes, b.fsync_seconds = n, secs
     b.fsync64_writes, b.fsync64_seconds = fsync_rate_concurrent(directory, 1.0 if quick else 1.5)
+
+
+def measure(directory: Path, *, quick: bool) -> DiskBaseline:
+    """The whole peer: fsync rates first (on a calm disk), then dd."""
+    b = DiskBaseline()
+    measure_fsync(b, directory, quick=quick)
+    measure_dd(b, directory, quick=quick)
     return b
