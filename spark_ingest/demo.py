@@ -100,7 +100,7 @@ def mqtt_device(args: argparse.Namespace, n: int, counters: Counters, stop: thre
             temp += rnd.gauss(0, 0.3)
             hum = min(100.0, max(0.0, hum + rnd.gauss(0, 0.5)))
             body = {"device": dev, "line": line, "temp": round(temp, 2), "humidity": round(hum, 1),
-                    "vibration": round(abs(rnd.gauss(0.2, 0.1)), 3), "seq": i}
+                    "vibration": round(abs(rnd.gauss(0.2, 0.1)), 3)}
             pending.append(c.publish(f"factory/{line}/{dev}/telemetry", json.dumps(body), qos=1, properties=props))
             i += 1
             while pending and pending[0].is_published():
@@ -131,7 +131,7 @@ def cloudevents_source(args: argparse.Namespace, counters: Counters, stop: threa
                        "ce-type": typ, "ce-subject": f"door-{rnd.randint(1, 12)}",
                        "ce-time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        "content-type": "application/json"}
-            conn.request("POST", "/v1/topics/events/events", json.dumps({key: value, "seq": i}), headers)
+            conn.request("POST", "/v1/topics/events/events", json.dumps({key: value}), headers)
             r = conn.getresponse()
             r.read()
             if r.status >= 300:

@@ -272,7 +272,9 @@ class UnimqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for t, qs in start.items():  # queues the broker no longer lists keep their offset (nothing to read)
             for q, o in qs.items():
                 end.setdefault(t, {}).setdefault(q, o)
-        return {t: qs for t, qs in end.items() if qs}
+        for t in start:  # a topic with no queues yet stays, so an unchanged offset compares equal
+            end.setdefault(t, {})
+        return {t: qs for t, qs in end.items() if qs or t in start}
 
     def reportLatestOffset(self) -> dict | None:
         return self._latest

@@ -4,7 +4,8 @@ One session-scoped ``local[2]`` SparkSession (UI off, 2 shuffle partitions,
 UTC, SPARK_LOCAL_IP=127.0.0.1, the source registered in the fixture) serves
 every test: a batch read with offset ranges and SQL over the JSON bodies; the
 lake job (an availableNow stream to Parquet, partitioned, with a checkpoint)
-run twice; the stats job publishing back to a topic through the sink; the
+run twice; the stats job publishing back to a topic through the sink; a
+``writeStream`` into the sink; the
 kill-and-restart exactly-once test; and an end-to-end test where an MQTT
 client (paho), a CloudEvents POST and an AMQP publisher (pika) write into
 unimq and one Spark read returns all three.
@@ -131,7 +132,7 @@ def test_lake_job_available_now_to_parquet_twice(spark, server, http, tmp_path):
     assert (stats.n, stats.d, stats.i, stats.t) == (700, 700, 700, "se-lake") and stats.days >= 1
 
 
-def test_stats_job_publishes_back_through_the_sink(spark, server, http):
+def test_stats_job_publishes_back_through_the_sink(spark, server, http, tmp_path):
     from spark_ingest.jobs import stats
     from spark_ingest.progress import follow
 
@@ -141,7 +142,7 @@ def test_stats_job_publishes_back_through_the_sink(spark, server, http):
     http.send_events("se-stats", ({"temp": 100, "amount": 2.5} for _ in range(10)))
     args = stats.build_parser().parse_args([
         "--endpoint", server.endpoint, "--topics", "se-stats", "--available-now", "--window", "1 hour",
-        "--output-topic", "se-stats-out"])
+        "--output-topic", "se-stats-out", "--checkpoint", str(tmp_path / "ck")])
     out = io.StringIO()
     fields = stats.choose_fields(args, out=out)
     assert set(fields) == {"temp", "amount"}
@@ -158,6 +159,26 @@ def test_stats_job_publishes_back_through_the_sink(spark, server, http):
     assert "amount" not in docs["http"]["fields"]
     assert docs["cloudevents"]["count"] == 10 and docs["cloudevents"]["fields"]["amount"]["max"] == 2.5
     assert all(r.keys[0].startswith(f"se-stats|{r.p}|") for r in msgs)
+
+
+def test_write_stream_sink_republishes(spark, server, http, tmp_path):
+    """writeStream.format("unimq"): rows of one topic published to another (at-least-once)."""
+    http.create_topic("se-sink-in", 2)
+    for i in range(25):
+        http.send("se-sink-in", f"m{i}".encode(), {"unimq-tag": "in", "unimq-prop-n": str(i)})
+    q = (spark.readStream.format("unimq").option("endpoint", server.endpoint).option("topics", "se-sink-in").load()
+         .selectExpr("body", "'copied' AS tag", "map('n', properties['n'], 'src', topic) AS properties",
+                     "array(message_id) AS keys")
+         .writeStream.format("unimq").option("endpoint", server.endpoint).option("topic", "se-sink-out")
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    q.awaitTermination()
+    assert q.exception() is None
+    out = (spark.read.format("unimq").option("endpoint", server.endpoint).option("topics", "se-sink-out").load()
+           .selectExpr("cast(body AS string) b", "tag", "properties", "keys", "protocol").collect())
+    assert sorted(r.b for r in out) == sorted(f"m{i}" for i in range(25))
+    assert {r.tag for r in out} == {"copied"} and {r.protocol for r in out} == {"http"}
+    assert all(r.properties["src"] == "se-sink-in" and r.b == f"m{r.properties['n']}" and len(r.keys) == 1
+               for r in out)
 
 
 # ------------------------------------------------------------------------------ exactly once
@@ -178,7 +199,8 @@ def _child_query(endpoint: str, out: str, checkpoint: str, markers: str) -> None
         def streamReader(self, schema):
             return SlowReader(dict(self.options))
 
-    spark = get_spark("unimq-eo-child", conf={"spark.ui.showConsoleProgress": "false"})
+    spark = get_spark("unimq-eo-child", conf={"spark.ui.showConsoleProgress": "false",
+                                              "spark.local.dir": str(Path(markers).parent / "spark-local")})
     spark.dataSource.register(SlowSource)  # same name "unimq": the checkpoint sees the same source
     q = (spark.readStream.format("unimq").option("endpoint", endpoint).option("topics", "se-eo")
          .option("maxMessagesPerTrigger", "500").load()

@@ -25,7 +25,7 @@ import orjson
 
 from . import common
 
-MAX_AUTO_FIELDS = 8
+MAX_AUTO_FIELDS = 10
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-topic", default="unimq-stats", metavar="TOPIC",
                    help="publish the statistics here (default unimq-stats)")
     p.add_argument("--no-publish", action="store_true", help="only print")
-    p.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (default: a temporary one)")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="checkpoint directory, to continue where the last run stopped (default: a temporary one, "
+                        "removed at exit: each run starts from --starting-offsets)")
     p.add_argument("--show", type=int, default=20, metavar="N", help="rows printed per micro-batch (default 20)")
     return p
 
@@ -187,7 +189,7 @@ def start(spark: Any, args: argparse.Namespace, fields: Sequence[str], out: Text
     # Update mode emits each changed window per batch; the extra no-data batch Spark runs to
     # advance the watermark would only evict state, so skip it (an availableNow run ends sooner).
     spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-    checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="unimq-stats-ckpt-")
+    checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="unimq-stats-ckpt-")  # main() removes its own
     w = (agg.writeStream.outputMode("update").foreachBatch(each_batch)
          .option("checkpointLocation", checkpoint).queryName("unimq_stats"))
     q = common.apply_trigger(w, args).start()
@@ -201,13 +203,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from ..progress import follow
 
+    import shutil
+    import tempfile
+
     fields = choose_fields(args)
+    temporary = None
+    if not args.checkpoint:
+        args.checkpoint = temporary = tempfile.mkdtemp(prefix="unimq-stats-ckpt-")
     spark = common.session(args, "unimq-stats")
-    q = start(spark, args, fields)
     try:
-        follow(q, "stats", timeout_s=args.timeout)
+        follow(start(spark, args, fields), "stats", timeout_s=args.timeout)
     finally:
         spark.stop()
+        if temporary:
+            shutil.rmtree(temporary, ignore_errors=True)
     return 0
 
 
