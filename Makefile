@@ -2,7 +2,8 @@
 #   make run   - create .venv, install unimq into it, run `unimq up` (data in ./unimq-data)
 #   make test  - create .venv, install unimq with its test extras, install the Debian
 #                packages the tests need (when root), run the whole test suite
-#   make bench - run the store benchmark (results recorded in bench/RESULTS.md)
+#   make bench - install the benchmark peers (RabbitMQ, Mosquitto; as root) and run every
+#                benchmark section (results recorded in bench/RESULTS.md)
 
 SHELL        := /bin/bash
 PYTHON       ?= python3
@@ -64,8 +65,13 @@ run: $(STAMP)
 test: $(STAMP) apt-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The peers the benchmarks compare with: Mosquitto and RabbitMQ (amqtt comes with the test extra).
+BENCH_APT_PACKAGES ?= mosquitto rabbitmq-server
+BENCH_ARGS ?=
+
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	@$(MAKE) --no-print-directory apt-deps APT_PACKAGES="$(APT_PACKAGES) $(BENCH_APT_PACKAGES)"
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
