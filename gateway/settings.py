@@ -145,6 +145,10 @@ class UnimqSettings:
     # addresses, "*" for any). Empty list = any host. Guards against sinks that point
     # the gateway at internal services (SSRF).
     http_push_allowed_hosts: list[str] = field(default_factory=list)
+    # HTTP door: store each CloudEvent's id as its message key, so GET
+    # /v1/topics/{topic}/events?id= (and query by key) finds it; false saves the index
+    # insert on every event (see README, HTTP section).
+    http_index_event_ids: bool = True
     # AMQP 0-9-1 door (adapters/amqp). Users: name -> password, checked at PLAIN/AMQPLAIN
     # login; TOML: amqp_users = { guest = "guest" }. Users in amqp_loopback_users may log
     # in from loopback addresses only (RabbitMQ's rule for guest).

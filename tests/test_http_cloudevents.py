@@ -77,7 +77,7 @@ async def test_sdk_binary_structured_and_batch_round_trip(unimq_server, tmp_path
         assert len(stored) == 9
         b0 = stored[0]
         assert base64.b64decode(b0["body_base64"]) == binary_data
-        assert b0["protocol"] == "cloudevents" and b0["tag"] == "com.example.reading" and b0["keys"] == []
+        assert b0["protocol"] == "cloudevents" and b0["tag"] == "com.example.reading" and b0["keys"] == ["b-1"]
         assert b0["message_group"] == "sensor-7"
         assert b0["properties"] == {
             "ce_id": "b-1", "ce_source": "/sensors/7", "ce_type": "com.example.reading", "ce_subject": "room-1",
@@ -108,6 +108,31 @@ async def test_sdk_binary_structured_and_batch_round_trip(unimq_server, tmp_path
         assert events["k-bin"].get_data() == b"\x00\x01\x02"
         for ev in events.values():
             assert ev.get_extension("receipthandle") and ev.get_extension("deliveryattempt") == "1"
+
+        # found again by CloudEvents id (the id is the message key), from every mode
+        for ce_id, offset in (("b-1", 0), ("s-1", 1), ("k-3", 6)):
+            found = (await c.get("/v1/topics/ce/events", params={"id": ce_id})).json()["messages"]
+            assert [(m["queue_offset"], m["properties"]["ce_id"]) for m in found] == [(offset, ce_id)]
+        r = await c.get("/v1/topics/ce/events", params={"id": "k-3", "source": "/batch"}, headers={"accept": CE_BATCH})
+        assert r.status_code == 200 and [e.get_id() for e in _sdk_events(r.json())] == ["k-3"]
+        for params in ({"id": "k-3", "source": "/elsewhere"}, {"id": "no-such-id"}):
+            r = await c.get("/v1/topics/ce/events", params=params)
+            assert r.status_code == 200 and r.json() == {"messages": []}
+        assert (await c.get("/v1/topics/ce/events")).status_code == 400
+        assert (await c.get("/v1/topics/nope/events", params={"id": "b-1"})).status_code == 404
+
+
+async def test_event_ids_not_indexed_when_switched_off(unimq_server, tmp_path: Path) -> None:
+    server = start_server(unimq_server, tmp_path, "--set", "http_index_event_ids=false")
+    ev = {"specversion": "1.0", "id": "x-1", "source": "/s", "type": "t"}
+    async with httpx.AsyncClient(base_url=server.url("http", "")) as c:
+        assert (await c.post("/v1/topics", json={"name": "noidx", "queues": 1})).status_code == 201
+        r = await c.post("/v1/topics/noidx/events", headers={"content-type": CE_BATCH}, content=json.dumps([ev]))
+        assert r.status_code == 200, r.text
+        stored = (await c.get("/v1/topics/noidx/queues/0/messages")).json()["messages"]
+        assert [(m["properties"]["ce_id"], m["keys"]) for m in stored] == [("x-1", [])]
+        r = await c.get("/v1/topics/noidx/events", params={"id": "x-1"})
+        assert r.status_code == 200 and r.json() == {"messages": []}
 
 
 async def test_legacy_sdk_api_binary_and_structured(unimq_server, tmp_path: Path) -> None:

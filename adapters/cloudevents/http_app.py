@@ -45,11 +45,12 @@ from gateway.context import RequestContext
 from .mapping import (
     CE_BATCH_CONTENT_TYPE,
     CE_JSON_CONTENT_TYPE,
+    key_by_event_id,
     message_from_binary,
     message_from_structured,
-    messages_from_batch,
     to_structured_json,
 )
+from .batch import messages_from_batch
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import UnimqCollector
 from .push import PushManager
@@ -392,6 +393,7 @@ def create_app(state: ServerState) -> FastAPI:
     """Build the FastAPI app for one server; ``state.phase`` drives ``/healthz``."""
     settings = state.settings
     max_body: int = getattr(settings, "http_max_body_bytes", 16 * 1024 * 1024)
+    index_ids: bool = getattr(settings, "http_index_event_ids", True)
     push = PushManager(state.processor, getattr(settings, "http_push_allowed_hosts", []))
     collector = UnimqCollector(state.processor, push)
 
@@ -540,6 +542,9 @@ def create_app(state: ServerState) -> FastAPI:
             msgs = messages_from_batch(topic, body, p.config.max_batch)
             if not msgs:
                 return _json([])
+            if index_ids:
+                for m in msgs:
+                    key_by_event_id(m)
             return _json([send_json(r) for r in await p.send(ctx, msgs)])
         if base == CE_JSON_CONTENT_TYPE:
             msg = message_from_structured(topic, body)
@@ -556,8 +561,38 @@ def create_app(state: ServerState) -> FastAPI:
                                "not a CloudEvent: send ce-* headers (binary mode) or Content-Type "
                                f"{CE_JSON_CONTENT_TYPE} / {CE_BATCH_CONTENT_TYPE}")
             msg = message_from_binary(topic, ce_headers, body)
+        if index_ids:
+            key_by_event_id(msg)
         r = (await p.send(ctx, (msg,)))[0]
         return Response(_dumps(send_json(r)), media_type=JSON)
+
+    @app.get("/v1/topics/{topic:path}/events", tags=["consume"], response_model=PopOut,
+             responses={**_ERRORS, 200: {"content": {CE_BATCH_CONTENT_TYPE: {}}, "model": PopOut,
+                                         "description": "the stored events with this id (JSON messages, or "
+                                                        f"CloudEvents with Accept: {CE_BATCH_CONTENT_TYPE})"}})
+    async def find_events(
+        request: Request,
+        topic: str = Path(description="topic name"),
+        id: str = Query(min_length=1, max_length=4096, description="the CloudEvents `id` attribute"),
+        source: str | None = Query(None, description="only events with this `source` (id + source is unique)"),
+        max: int = Query(32, ge=1, le=1024, description="most events to return"),
+    ) -> Response:
+        """Find stored CloudEvents by their `id` (and `source`), oldest first; `{"messages": []}` if none.
+
+        Uses the message key index: events are found when they came in with
+        `http_index_event_ids` on (the default).
+        """
+        p = processor()
+        ctx = _ctx(request, "http")
+        await p.query_route(ctx, topic)  # 404 for an unknown topic, as pop and pull answer
+        found = await p.query_messages_by_key(ctx, topic, id, max_count=max)
+        found = [m for m in found
+                 if m.properties.get("ce_id") == id and (source is None or m.properties.get("ce_source") == source)]
+        found.sort(key=lambda m: (m.store_timestamp_ms, m.commitlog_offset))
+        found = found[:max]
+        if _wants_cloudevents(request):
+            return _cloudevents_batch([(m, None) for m in found])
+        return _json({"messages": [message_json(m) for m in found]})
 
     @app.post("/v1/topics/{topic:path}/messages", tags=["ingest"], openapi_extra=_MESSAGES_OPENAPI,
               response_model=SendOut, responses=_ERRORS)

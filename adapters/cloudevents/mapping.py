@@ -8,7 +8,9 @@ context attributes as ``ce_<attribute>`` (``ce_id``, ``ce_source``,
 ``ce_dataschema`` and every extension). The event's data is the message body,
 byte for byte in binary mode. The ``type`` is also the message tag (so tag
 filters select by type) and the ``id`` a message key (so query-by-key finds an
-event by its id); the ``partitionkey`` extension is the message group.
+event by its id; the door applies :func:`key_by_event_id` unless
+``http_index_event_ids`` is off); the ``partitionkey`` extension is the message
+group.
 
 Egress: *any* stored message, whatever door it came in by, becomes a valid
 CloudEvent. Attributes a CloudEvents producer set are given back; for other
@@ -26,8 +28,9 @@ binary/structured serialization. Three things are done here on purpose:
 * ``time`` is parsed with :func:`datetime.fromisoformat` (RFC 3339 in Python
   3.11) and only falls back to the SDK's dateutil parser, which is several
   times slower on the batch hot path; the original string is what is stored;
-* the SDK has no batch format, so a batch is one ``json.loads`` and then the
-  SDK's event validation per element.
+* the SDK has no batch format, so a batch is one JSON decode and then, per
+  element, a strict plain-event check (``batch.py``) that hands anything
+  unusual or invalid to the SDK's event validation here.
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ __all__ = [
     "CE_JSON_CONTENT_TYPE",
     "CloudEventError",
     "event_attributes",
+    "key_by_event_id",
     "message_from_binary",
-    "messages_from_batch",
+    "message_from_event_dict",
     "message_from_structured",
     "to_cloudevent",
     "to_binary_http",
@@ -233,11 +237,14 @@ def message_from_binary(topic: str, headers: Mapping[str, str], body: bytes) -> 
     return _message(topic, body, attrs, time_raw)
 
 
-def _event_dict_to_message(topic: str, d: Any, where: str = "") -> Message:
-    """One structured-mode event (a decoded JSON object) as a message; the batch hot path.
+def message_from_event_dict(topic: str, d: Any, where: str = "") -> Message:
+    """One structured-mode event (a decoded JSON object) as a message: the careful path.
 
-    One pass over the members builds both the attributes the SDK validates and
-    the message properties (a JSON ``null`` member counts as absent).
+    Structured single events always come here, and so does any batch member
+    that ``batch.plain_event_message`` cannot prove valid; the SDK's validator
+    decides, so its errors are the ones clients see. One pass over the
+    members builds both the attributes the SDK validates and the message
+    properties (a JSON ``null`` member counts as absent).
     """
     if type(d) is not dict:
         raise CloudEventError(f"{where}a CloudEvent in JSON format must be a JSON object")
@@ -324,19 +331,19 @@ def _loads(body: bytes) -> Any:
         raise CloudEventError("invalid JSON: nested too deeply") from None
 
 
+def key_by_event_id(m: Message) -> None:
+    """Make the event's ``id`` the message's key, so query by key (and ``GET .../events?id=``) finds it.
+
+    Keys are stored NUL-joined, so an id holding a NUL character is left unindexed.
+    """
+    ce_id = m.properties.get("ce_id")
+    if ce_id and "\0" not in ce_id:
+        m.keys = (ce_id,)
+
+
 def message_from_structured(topic: str, body: bytes) -> Message:
     """Structured content mode: one event as a JSON object (``data`` or ``data_base64``)."""
-    return _event_dict_to_message(topic, _loads(body))
-
-
-def messages_from_batch(topic: str, body: bytes, max_batch: int) -> list[Message]:
-    """Batched content mode: a JSON array of structured events."""
-    arr = _loads(body)
-    if not isinstance(arr, list):
-        raise CloudEventError("a CloudEvents batch must be a JSON array of events")
-    if len(arr) > max_batch:
-        raise CloudEventError(f"a batch holds at most {max_batch} events, this one {len(arr)}")
-    return [_event_dict_to_message(topic, d, f"event {i}: ") for i, d in enumerate(arr)]
+    return message_from_event_dict(topic, _loads(body))
 
 
 # ------------------------------------------------------------------------------ egress
