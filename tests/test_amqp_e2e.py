@@ -474,6 +474,33 @@ def test_redelivered_flag_after_requeue(conn: pika.BlockingConnection) -> None:
     ch.basic_ack(m.delivery_tag)
 
 
+@pytest.mark.parametrize("durable", [False, True])
+def test_requeued_message_keeps_its_position(conn: pika.BlockingConnection, durable: bool) -> None:
+    """Like RabbitMQ: a requeued message goes back where it was, ahead of newer ones."""
+    ch = conn.channel()
+    q = uniq("order")
+    ch.queue_declare(q, durable=durable)
+    for i in range(5):
+        ch.basic_publish("", q, f"m{i}".encode(), pika.BasicProperties(delivery_mode=2 if durable else 1))
+    held = [ch.basic_get(q) for _ in range(3)]
+    assert [b for _, _, b in held] == [b"m0", b"m1", b"m2"]
+    ch.basic_nack(held[1][0].delivery_tag, requeue=True)  # m1 first, then m0: order is by position
+    ch.basic_reject(held[0][0].delivery_tag, requeue=True)
+    ch.basic_publish("", q, b"m5")
+    got = []
+    deadline = time.monotonic() + 5
+    while len(got) < 5:
+        assert time.monotonic() < deadline
+        m, _, body = ch.basic_get(q, auto_ack=True)
+        if m is None:
+            time.sleep(0.05)
+            continue
+        got.append((body, m.redelivered))
+    assert got == [(b"m0", True), (b"m1", True), (b"m3", False), (b"m4", False), (b"m5", False)]
+    ch.basic_ack(held[2][0].delivery_tag)
+    assert ch.queue_declare(q, passive=True).method.message_count == 0
+
+
 def test_unacked_requeued_when_channel_closes(server: Server) -> None:
     c = pika.BlockingConnection(params(server))
     ch = c.channel()

@@ -4,21 +4,41 @@ Why the door holds this state and not the store: AMQP's objects (exchanges,
 bindings, queue arguments, consumers, prefetch windows) are protocol
 concepts, so they live here; what must survive a restart goes through the
 processor's durable key-value state (``kv_put`` namespace ``amqp``), and
-messages live only in the store. Each AMQP queue is a light message queue
-(``%LMQ%amqp/<vhost>/<queue>``) consumed with the pop API, the queue's name
-as consumer group:
+messages live only in the store.
 
-- a delivery is a pop with a lease (``amqp_lease_ms``) renewed while the
-  message stays unacked; ack -> ``processor.ack``; nack/reject with requeue
-  and the unacked messages of a closed channel -> ``change_invisible(0)``;
-  the redelivered flag is "delivery attempt > 1";
-- a queue's pump pops only as many messages as its consumers have prefetch
-  credit for, into a small buffer it then hands out round-robin, so a slow
-  consumer never holds more than its window (fair dispatch);
+Each AMQP queue is a light message queue (``%LMQ%amqp/<vhost>/<queue>``):
+a publish is stored once, in its unified topic, and indexed into the LMQ of
+every queue it reaches, so every other door and Spark see it. Consuming is
+the door's own business, as in RabbitMQ, because every consumer of a queue
+is a connection of this door:
+
+- the store's ack of a send tells the door each message's LMQ offset; the
+  message object the door sent is queued in memory and handed to a consumer
+  with prefetch room at once (no read back, no pop round trip per message);
+- a queue's pump hands ready messages out round-robin to consumers with
+  credit, so a slow consumer never holds more than its window (fair dispatch);
+- ack/nack/reject cost no store call; a requeued message (nack/reject with
+  requeue, the unacked messages of a closed channel) goes back to its
+  original position (LMQ offset order) with ``redelivered`` set;
+- past ``MEM_LIMIT`` ready messages (or ``MEM_BYTES`` of bodies) a queue
+  stops holding new ones in memory ("spill") and reads them back later from
+  its LMQ by offset (``processor.pull``), so a queue without consumers
+  cannot eat the memory;
+- a durable queue keeps a cursor in the kv state (``c<SEP>vhost<SEP>queue``):
+  the floor (lowest LMQ offset not settled), the offsets settled above it
+  (acked out of order), and the delivered high-water mark. It is written
+  after acks (coalesced, one write in flight per queue) and completely at a
+  clean stop; after a restart the queue reads its LMQ from the floor, skips
+  settled offsets and flags messages below the high-water mark redelivered.
+  A message is settled only after its ack, so a confirmed persistent message
+  is never lost; after a crash a message acked just before it may come back
+  (at-least-once, as with RabbitMQ's classic queues);
+- transient queues (non-durable or exclusive) keep no cursor: they die with
+  the server or their connection;
 - TTL, max-length (drop-head, or reject-publish) and dead-lettering (with
   the ``x-death`` header) are applied by the door: expiry at the head of the
   queue like RabbitMQ, dead-letter = publish a copy through the DLX, then
-  ack the original.
+  settle the original.
 """
 
 from __future__ import annotations
@@ -26,12 +46,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+import heapq
 import json
 import logging
 import secrets
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pamqp import decode as pdecode
 from pamqp import encode as pencode
@@ -51,10 +72,12 @@ log = logging.getLogger("unimq.amqp")
 
 KV_NS = "amqp"
 _SEP = "\x1f"
-POP_BATCH = 256  # most messages one pop asks for
+POP_BATCH = 256  # most messages one read-back from an LMQ asks for
 BUFFER_SCAN = 64  # messages a TTL queue without consumers pulls forward to expire its head
 IDLE_POLL_S = 1.0  # consumers with credit re-check the store this often (messages that came another way)
 UNBOUNDED_CREDIT = 256  # window of a no-ack consumer or one with prefetch 0, per pump round
+MEM_LIMIT = 20000  # ready messages a memory queue holds before it spills to its LMQ
+MEM_BYTES = 64 * 1024 * 1024  # ... or this many body bytes
 
 
 class AmqpError(Exception):
@@ -107,23 +130,40 @@ def _str_arg(args: dict[str, Any], name: str) -> str | None:
 
 
 class Lease:
-    """A message popped from a queue's LMQ: in the queue's buffer, or delivered and unacked."""
+    """A message of a queue: ready in the queue's buffer, or delivered and unacked."""
 
-    __slots__ = ("queue", "msg", "handle", "attempt", "leased_at", "renewing", "pending", "tag", "consumer",
-                 "channel", "expires_at")
+    __slots__ = ("queue", "msg", "attempt", "tag", "consumer", "channel", "expires_at", "offset")
 
-    def __init__(self, queue: "QueueState", msg: StoredMessage, handle: str, attempt: int) -> None:
+    def __init__(self, queue: "QueueState", msg: StoredMessage | Message, attempt: int, offset: int) -> None:
         self.queue = queue
         self.msg = msg
-        self.handle = handle
+        self.offset = offset  # the message's LMQ offset (requeue order, the durable cursor)
         self.attempt = attempt
-        self.leased_at = time.monotonic()
-        self.renewing = False
-        self.pending: str | None = None  # "ack" / "release" arriving while the lease was being renewed
         self.tag = 0
         self.consumer: "Consumer | None" = None
         self.channel: "Channel | None" = None
         self.expires_at = queue.expiry_of(msg)
+
+
+def _ranges(offsets: list[int]) -> list[list[int]]:
+    """Sorted offsets as [start, end) ranges."""
+    out: list[list[int]] = []
+    for o in offsets:
+        if out and out[-1][1] == o:
+            out[-1][1] = o + 1
+        else:
+            out.append([o, o + 1])
+    return out
+
+
+def lmq_offsets(m: Message, result: Any) -> dict[str, int]:
+    """LMQ topic -> the offset a sent message got there (from its send result)."""
+    offs = getattr(result, "extra_offsets", None) or ()
+    return {t.topic: o for t, o in zip(m.extra_dispatch, offs)}
+
+
+def _offset_of(lease: Lease) -> int:
+    return lease.offset
 
 
 class QueueState:
@@ -160,7 +200,19 @@ class QueueState:
         self.deleted = False
         self.event = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.store_empty = False
+        self.store_empty = False  # nothing left to read back from the LMQ
+        # a durable queue's cursor over its LMQ, saved in the kv state (see ``settle``)
+        self.persist = durable and exclusive is None
+        self.floor = 0  # lowest LMQ offset not yet settled (acked, dead-lettered, dropped)
+        self.settled: set[int] = set()  # settled offsets above the floor (acked out of order)
+        self.jumps: dict[int, int] = {}  # settled ranges above the floor: start -> end (purge)
+        self.hw = 0  # LMQ offset after the highest one ever delivered (redelivered flag after a restart)
+        self.saving = False
+        self.dirty = False
+        self.mem_bytes = 0  # body bytes of the ready messages held
+        self.spill_next: int | None = None  # LMQ offset of the first message not held in memory
+        self.enq_next = 0  # LMQ offset after the last message enqueued
+        self.returned: list[Lease] = []  # released leases to merge back in offset order
 
     # -- definition ---------------------------------------------------------------
 
@@ -206,7 +258,7 @@ class QueueState:
                 pass
         if ttl is None:
             return None
-        return (m.born_timestamp_ms or m.store_timestamp_ms) + ttl
+        return (m.born_timestamp_ms or getattr(m, "store_timestamp_ms", 0) or now_ms()) + ttl
 
     # -- waking and consumers -------------------------------------------------------
 
@@ -241,6 +293,8 @@ class QueueState:
         try:
             while not self.deleted:
                 self.event.clear()
+                if self.returned:
+                    self.merge_returned()
                 if self.buffer and self.buffer[0].expires_at is not None:
                     await self._expire_head()
                 # hand buffered messages to consumers with credit, round robin
@@ -250,17 +304,18 @@ class QueueState:
                     if c is None:
                         break
                     lease = buf.popleft()
+                    self.mem_bytes -= len(lease.msg.body)
                     if lease.expires_at is not None and lease.expires_at <= now_ms():
                         await self._expired(lease)
                         continue
                     c.channel.deliver(c, lease)
                 want = self._credit() if self.consumers else 0
                 if want > 0 and not buf:
-                    got = await self._pop(want)
+                    got = await self._pull_spill(want)
                     if got:
                         continue
                 elif not self.consumers and self._needs_scan() and len(buf) < BUFFER_SCAN and not self.store_empty:
-                    if await self._pop(BUFFER_SCAN - len(buf)):
+                    if await self._pull_spill(BUFFER_SCAN - len(buf)):
                         continue
                 timeout: float | None = None
                 if want > 0:
@@ -287,37 +342,156 @@ class QueueState:
             if not self.deleted and not broker.stopping and self.event.is_set():
                 self.wake()
 
-    async def _pop(self, n: int) -> int:
-        try:
-            popped = await self.broker.processor.pop(
-                self.broker.ctx, self.group, self.topic, max_count=max(1, min(n, POP_BATCH)),
-                invisible_ms=self.broker.lease_ms,
-            )
-        except TopicNotFoundError:
-            return 0
-        except UnimqError:
-            log.exception("pop from queue %r failed", self.name)
-            return 0
-        if self.deleted:
-            for p in popped:
-                self.broker.release_handle(self, p.receipt_handle)
-            return 0
-        self.store_empty = not popped
-        buf = self.buffer
-        for p in popped:
-            buf.append(Lease(self, p.message, p.receipt_handle, p.delivery_attempt))
-        return len(popped)
+    # -- the durable cursor --------------------------------------------------------------
+
+    def settle(self, offset: int) -> None:
+        """A message left the queue for good: advance the floor past it (durable queues)."""
+        if not self.persist:
+            return
+        if offset == self.floor:
+            self._advance(offset + 1)
+        elif offset > self.floor:
+            self.settled.add(offset)
+        self.broker.save_cursor(self)
+
+    def settle_range(self, start: int, end: int) -> None:
+        if not self.persist or end <= start:
+            return
+        if start <= self.floor:
+            self._advance(max(end, self.floor))
+        else:
+            self.jumps[start] = max(end, self.jumps.get(start, 0))
+        self.broker.save_cursor(self)
+
+    def _advance(self, f: int) -> None:
+        settled = self.settled
+        jumps = self.jumps
+        while True:
+            if f in settled:
+                settled.discard(f)
+                f += 1
+                continue
+            if jumps:  # rare (a purge): a settled range covering f, or one left behind
+                hit = next((a for a, e in jumps.items() if a <= f < e or e <= f), None)
+                if hit is not None:
+                    f = max(f, jumps.pop(hit))
+                    if settled:
+                        settled.difference_update([o for o in settled if o < f])
+                    continue
+            break
+        self.floor = f
+
+    def is_settled(self, offset: int) -> bool:
+        if offset < self.floor or offset in self.settled:
+            return True
+        for a, e in self.jumps.items():
+            if a <= offset < e:
+                return True
+        return False
+
+    def cursor_key(self) -> str:
+        return _SEP.join(("c", self.vhost.name, self.name))
+
+    def cursor_json(self, full: bool = False) -> bytes:
+        d: dict[str, Any] = {"f": self.floor, "h": self.hw}
+        s = self.settled
+        if s and (full or len(s) <= 4096):  # beyond that (rare: one old message held while
+            d["s"] = _ranges(sorted(s))     # thousands are acked) a crash may redeliver some
+        if self.jumps:
+            d["j"] = [[a, e] for a, e in self.jumps.items()]
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    def restore(self, raw: bytes | None, min_offset: int, max_offset: int) -> None:
+        """After a restart: the cursor saved in kv and the LMQ's offsets give the ready messages."""
+        d: dict[str, Any] = {}
+        if raw:
+            try:
+                d = json.loads(raw)
+            except ValueError:
+                log.warning("unreadable cursor of queue %r; redelivering it from its start", self.name)
+        self.floor = max(int(d.get("f", 0)), min_offset)
+        self.hw = int(d.get("h", 0))
+        for a, e in d.get("s", ()):
+            self.settled.update(range(max(a, self.floor), e))
+        for a, e in d.get("j", ()):
+            if e > self.floor:
+                self.jumps[max(a, self.floor)] = e
+        self._advance(self.floor)
+        self.enq_next = max(max_offset, self.floor)
+        self.spill_next = self.floor if self.floor < self.enq_next else None
+        gone = len([o for o in self.settled if o < self.enq_next])
+        gone += sum(min(e, self.enq_next) - a for a, e in self.jumps.items() if a < self.enq_next)
+        self.count = max(self.enq_next - self.floor - gone, 0)
+
+    # -- memory queue ----------------------------------------------------------------------
+
+    def merge_returned(self) -> None:
+        """Put released memory-queue messages back at their original positions."""
+        back = sorted(self.returned, key=_offset_of)
+        self.returned = []
+        for lease in back:
+            self.mem_bytes += len(lease.msg.body)
+        if not self.buffer or back[-1].offset <= self.buffer[0].offset:
+            self.buffer.extendleft(reversed(back))
+        else:  # in place: a pump iterating the deque keeps its reference
+            merged = list(heapq.merge(back, self.buffer, key=_offset_of))
+            self.buffer.clear()
+            self.buffer.extend(merged)
+
+    def hold(self, lease: Lease) -> None:
+        """A released memory-queue lease comes back (merged in offset order before the next delivery)."""
+        lease.attempt += 1
+        lease.consumer = None
+        lease.channel = None
+        self.returned.append(lease)
+
+    async def _pull_spill(self, n: int) -> int:
+        """Memory queue: read messages it did not hold back from its LMQ; returns how many it queued."""
+        got = 0
+        while got == 0:
+            start = self.spill_next
+            if start is None:
+                self.store_empty = True
+                return 0
+            try:
+                r = await self.broker.processor.pull(self.broker.ctx, self.topic, 0, start,
+                                                     max(1, min(n, POP_BATCH)))
+            except UnimqError:
+                log.exception("reading queue %r back from the store failed", self.name)
+                return 0
+            if self.deleted or self.spill_next != start:
+                return 0  # purged or deleted meanwhile
+            buf = self.buffer
+            check = self.persist
+            hw = self.hw
+            for m in r.messages:
+                off = m.queue_offset
+                if check and self.is_settled(off):
+                    continue  # acked out of order before a restart
+                buf.append(Lease(self, m, 2 if off < hw else 1, off))
+                self.mem_bytes += len(m.body)
+                got += 1
+            nxt = max(r.next_offset, start)
+            if not r.messages and nxt == start:
+                nxt = self.enq_next  # nothing readable there any more (retention): give up on the rest
+                self.count = max(self.count - (nxt - start), self.unacked + len(buf))
+            self.spill_next = nxt if nxt < self.enq_next else None
+            self.store_empty = self.spill_next is None
+        return got
 
     async def take_one(self) -> Lease | None:
         """Basic.Get: the next ready message (the buffer first), expired ones dropped."""
         self.last_used = time.monotonic()
         while True:
+            if self.returned:
+                self.merge_returned()
             if not self.buffer:
-                if await self._pop(1) == 0:
+                if await self._pull_spill(1) == 0:
                     return None
             if not self.buffer:
                 return None
             lease = self.buffer.popleft()
+            self.mem_bytes -= len(lease.msg.body)
             if lease.expires_at is not None and lease.expires_at <= now_ms():
                 await self._expired(lease)
                 continue
@@ -327,17 +501,33 @@ class QueueState:
         buf = self.buffer
         now = now_ms()
         while buf and buf[0].expires_at is not None and buf[0].expires_at <= now:
-            await self._expired(buf.popleft())
+            lease = buf.popleft()
+            self.mem_bytes -= len(lease.msg.body)
+            await self._expired(lease)
 
     async def _expired(self, lease: Lease) -> None:
         self.count -= 1
         await self.broker.dead_letter(self, lease, "expired")
 
-    def on_enqueued(self, msg: Message) -> None:
-        """A message was stored into this queue's LMQ."""
+    def on_enqueued(self, msg: Message, offset: int | None = None) -> None:
+        """A message was stored into this queue's LMQ (at ``offset``, when known)."""
         self.count += 1
         if msg.properties.get("amqp_expiration") is not None:
             self.per_message_ttl = True
+        if offset is None:  # should not happen: read it (and what follows) back from the LMQ
+            offset = self.enq_next
+        if offset > self.enq_next and self.spill_next is None:
+            self.spill_next = self.enq_next  # messages the door did not see: read them back
+        if offset + 1 > self.enq_next:
+            self.enq_next = offset + 1
+        if self.spill_next is None:
+            if len(self.buffer) >= MEM_LIMIT or self.mem_bytes >= MEM_BYTES:
+                self.spill_next = offset
+            else:
+                self.buffer.append(Lease(self, msg, 1, offset))
+                self.mem_bytes += len(msg.body)
+                self.wake()
+                return
         self.store_empty = False
         self.wake()
 
@@ -360,22 +550,17 @@ class QueueState:
 
     async def purge(self) -> int:
         n = 0
+        if self.returned:
+            self.merge_returned()
         while self.buffer:
             lease = self.buffer.popleft()
             self.broker.ack_lease(lease)
             n += 1
-        while not self.deleted:
-            try:
-                popped = await self.broker.processor.pop(
-                    self.broker.ctx, self.group, self.topic, max_count=1024, invisible_ms=self.broker.lease_ms
-                )
-            except UnimqError:
-                break
-            if not popped:
-                break
-            await asyncio.gather(*(self.broker.processor.ack(self.broker.ctx, self.group, self.topic, p.receipt_handle)
-                                   for p in popped), return_exceptions=True)
-            n += len(popped)
+        self.mem_bytes = 0
+        if self.spill_next is not None:
+            n += self.enq_next - self.spill_next
+            self.settle_range(self.spill_next, self.enq_next)
+            self.spill_next = None
         self.count = self.unacked
         return n
 
@@ -411,15 +596,11 @@ class AmqpBroker:
         self.processor = processor
         self.settings = settings
         self.ctx = RequestContext(protocol="amqp", client_id="amqp-door")
-        self.lease_ms: int = settings.amqp_lease_ms
         self.vhosts: dict[str, VHost] = {v: VHost(v) for v in settings.amqp_vhosts}
         self.connections: set[AmqpConnection] = set()
         self.stopping = False
         self.blocked: str | None = None
         self._known_topics: set[str] = set()
-        self._ops: list[Callable[[], Any]] = []
-        self._acks: dict[QueueState, list[str]] = {}  # handles to ack, batched per queue per loop turn
-        self._ops_scheduled = False
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         max_size = getattr(getattr(settings, "store", None), "max_message_size", 4 * 1024 * 1024)
@@ -448,9 +629,12 @@ class AmqpBroker:
         return [DispatchTarget(q.topic, 0) for q in self._foreign_queues(m)]
 
     def after_send(self, messages: Any, results: Any) -> None:
-        for m in messages:
-            for q in self._foreign_queues(m):
-                q.on_enqueued(m)
+        for m, r in zip(messages, results):
+            qs = self._foreign_queues(m)
+            if qs:
+                offsets = lmq_offsets(m, r)
+                for q in qs:
+                    q.on_enqueued(m, offsets.get(q.topic))
 
     async def start(self) -> None:
         pencode.support_deprecated_rabbitmq(True)  # integers in tables as b/s/I/l, the types RabbitMQ sends
@@ -458,10 +642,7 @@ class AmqpBroker:
             self.processor.add_router(self)
         await self._load()
         loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self._lease_loop(), name="amqp-leases"),
-            loop.create_task(self._expires_loop(), name="amqp-queue-expiry"),
-        ]
+        self._tasks = [loop.create_task(self._expires_loop(), name="amqp-queue-expiry")]
         for vh in self.vhosts.values():
             for q in vh.queues.values():
                 if q.count or q.ttl is not None:
@@ -477,16 +658,18 @@ class AmqpBroker:
             for q in vh.queues.values():
                 if q.task is not None:
                     q.task.cancel()
-        # leases held in buffers go back at once, so a restart finds them ready
-        ops = []
-        for vh in self.vhosts.values():
+        for t in list(self._background):
+            try:
+                await asyncio.wait_for(t, 5)
+            except BaseException:
+                pass
+        for vh in self.vhosts.values():  # last, complete cursors (settled sets of any size)
             for q in vh.queues.values():
-                while q.buffer:
-                    lease = q.buffer.popleft()
-                    ops.append(self._release(lease.queue, lease.handle))
-        if ops:
-            await asyncio.gather(*ops, return_exceptions=True)
-        await self.flush_ops()
+                if q.persist and not q.deleted:
+                    try:
+                        await self.processor.kv_put(self.ctx, KV_NS, q.cursor_key(), q.cursor_json(full=True))
+                    except UnimqError as e:
+                        log.warning("could not save the cursor of queue %r: %s", q.name, e)
         for t in list(self._background):
             try:
                 await asyncio.wait_for(t, 5)
@@ -497,6 +680,7 @@ class AmqpBroker:
         items = await self.processor.kv_items(self.ctx, KV_NS)
         durable_topics: set[str] = set()
         bindings: list[tuple[str, bytes]] = []
+        cursors: dict[str, bytes] = {}
         for key, value in sorted(items.items()):
             parts = key.split(_SEP)
             try:
@@ -514,6 +698,8 @@ class AmqpBroker:
                     durable_topics.add(q.topic)
                 elif kind == "b":
                     bindings.append((key, value))
+                elif kind == "c":
+                    cursors[key] = value
             except Exception:
                 log.exception("ignoring unreadable AMQP state entry %r", key)
         for key, value in bindings:
@@ -538,18 +724,32 @@ class AmqpBroker:
         for vh in self.vhosts.values():
             for q in vh.queues.values():
                 await self.processor.create_topic(self.ctx, q.topic, queues=1, exist_ok=True)
-                q.count = await self._backlog(q)
+                try:
+                    stats = await self.processor.describe_topic(self.ctx, q.topic)
+                    low, top = stats.queues[0].min_offset, stats.queues[0].max_offset
+                except (UnimqError, IndexError, AttributeError):
+                    low = top = 0
+                q.restore(cursors.get(q.cursor_key()), low, top)
 
-    async def _backlog(self, q: QueueState) -> int:
-        """Messages left in a durable queue after a restart (from its offsets; approximate)."""
+    # ------------------------------------------------------------------ durable cursors
+
+    def save_cursor(self, q: QueueState) -> None:
+        """Write a durable queue's cursor soon (one write in flight per queue; settles coalesce)."""
+        q.dirty = True
+        if not q.saving and not self.stopping:
+            q.saving = True
+            self._spawn(self._save_cursor(q))
+
+    async def _save_cursor(self, q: QueueState) -> None:
         try:
-            stats = await self.processor.describe_topic(self.ctx, q.topic)
-            top = stats.queues[0].max_offset
-            low = stats.queues[0].min_offset
-            done = await self.processor.get_offset(self.ctx, q.group, q.topic, 0)
-            return max(top - (low if done is None else max(done, low)), 0)
-        except (UnimqError, IndexError, AttributeError):
-            return 0
+            await asyncio.sleep(0)  # let this loop turn's acks settle first
+            while q.dirty and not q.deleted:
+                q.dirty = False
+                await self.processor.kv_put(self.ctx, KV_NS, q.cursor_key(), q.cursor_json())
+        except UnimqError as e:
+            log.warning("could not save the cursor of queue %r: %s", q.name, e)
+        finally:
+            q.saving = False
 
     # ------------------------------------------------------------------ durable state
 
@@ -634,11 +834,13 @@ class AmqpBroker:
             q.task.cancel()
             q.task = None
         q.buffer.clear()
+        q.returned.clear()
         for ex in list(vh.exchanges.values()):
             for b in [b for b in ex.bindings if not b.to_exchange and b.destination == q.name]:
                 await self.remove_binding(vh, b)
         if q.durable and q.exclusive is None:
             await self.processor.kv_put(self.ctx, KV_NS, q.key(), None)
+            await self.processor.kv_put(self.ctx, KV_NS, q.cursor_key(), None)
         for topic in (q.topic, f"%RETRY%{q.group}+{q.topic}"):  # the pop service's retry topic for the queue
             try:
                 await self.processor.delete_topic(self.ctx, topic)
@@ -654,17 +856,16 @@ class AmqpBroker:
                 await self.processor.create_topic(self.ctx, t, exist_ok=True)
                 self._known_topics.add(t)
 
-    async def send(self, ctx: RequestContext, msgs: list[Message]) -> None:
-        """processor.send, creating unified topics when auto-creation is off."""
+    async def send(self, ctx: RequestContext, msgs: list[Message]) -> list[Any]:
+        """processor.send, creating unified topics when auto-creation is off; the send results."""
         try:
-            await self.processor.send(ctx, msgs)
+            results = await self.processor.send(ctx, msgs)
         except TopicNotFoundError:
             await self.ensure_topics({m.topic for m in msgs})
-            await self.processor.send(ctx, msgs)
-        for m in msgs:
-            self._known_topics.add(m.topic)
+            results = await self.processor.send(ctx, msgs)
         if self.blocked is not None:
             self.set_blocked(None)
+        return results
 
     def set_blocked(self, reason: str | None) -> None:
         if reason == self.blocked:
@@ -724,9 +925,10 @@ class AmqpBroker:
                         props["mqtt_topic"] = mqtt
                     msg = Message(topic, m.body, tag=tag, keys=m.keys, properties=props,
                                   protocol="amqp", extra_dispatch=[DispatchTarget(t.topic, 0) for t in targets])
-                    await self.send(self.ctx, [msg])
+                    res = await self.send(self.ctx, [msg])
+                    offsets = lmq_offsets(msg, res[0])
                     for t in targets:
-                        t.on_enqueued(msg)
+                        t.on_enqueued(msg, offsets.get(t.topic))
                     for t in targets:
                         await t.enforce_max_length()
         except UnimqError:
@@ -736,116 +938,22 @@ class AmqpBroker:
             return
         self.ack_lease(lease)
 
-    # ------------------------------------------------------------------ store operations (acks, releases)
-
-    def _queue_op(self, op: Callable[[], Any]) -> None:
-        self._ops.append(op)
-        if not self._ops_scheduled:
-            self._ops_scheduled = True
-            asyncio.get_running_loop().call_soon(self._run_ops)
-
-    def _run_ops(self) -> None:
-        self._ops_scheduled = False
-        ops, self._ops = self._ops, []
-        if self._acks:
-            acks, self._acks = self._acks, {}
-            ops.extend(self._ack_op(q, hs) for q, hs in acks.items())
-        if ops:
-            self._spawn(self._gather(ops))
-
-    def _ack_op(self, q: QueueState, handles: list[str]) -> Callable[[], Any]:
-        return lambda: self.processor.ack_batch(self.ctx, q.group, q.topic, handles)
-
-    async def _gather(self, ops: list[Callable[[], Any]]) -> None:
-        res = await asyncio.gather(*(op() for op in ops), return_exceptions=True)
-        for r in res:
-            if isinstance(r, BaseException) and not isinstance(r, UnimqError):
-                log.error("store operation failed: %r", r)
-
-    async def flush_ops(self) -> None:
-        if self._ops or self._acks:
-            self._ops_scheduled = False
-            ops, self._ops = self._ops, []
-            acks, self._acks = self._acks, {}
-            ops.extend(self._ack_op(q, hs) for q, hs in acks.items())
-            await self._gather(ops)
+    # ------------------------------------------------------------------ settling
 
     def ack_lease(self, lease: Lease) -> None:
         """Remove a message from its queue for good (ack, no-ack delivery, drop, dead-letter)."""
-        if lease.renewing:
-            lease.pending = "ack"
-            return
         q = lease.queue
-        if q.deleted:
-            return
-        pending = self._acks.get(q)
-        if pending is None:
-            pending = self._acks[q] = []
-        pending.append(lease.handle)
-        if not self._ops_scheduled:
-            self._ops_scheduled = True
-            asyncio.get_running_loop().call_soon(self._run_ops)
+        if not q.deleted:
+            q.settle(lease.offset)
 
     def release(self, lease: Lease) -> None:
-        """Put a message back in its queue at once (nack/reject requeue, closed channel)."""
-        if lease.renewing:
-            lease.pending = "release"
-            return
-        self.release_handle(lease.queue, lease.handle)
-
-    def release_handle(self, q: QueueState, handle: str) -> None:
-        if q.deleted:
-            return
-        self._queue_op(lambda: self._release(q, handle))
-
-    async def _release(self, q: QueueState, handle: str) -> None:
-        try:
-            await self.processor.change_invisible(self.ctx, q.group, q.topic, handle, 0)
-        except UnimqError:
-            pass
-        q.store_empty = False
-        if not self.stopping:
+        """Put a message back in its queue, at its position (nack/reject requeue, closed channel)."""
+        q = lease.queue
+        if not q.deleted:
+            q.hold(lease)
             q.wake()
 
     # ------------------------------------------------------------------ background loops
-
-    def _leases(self) -> Iterable[Lease]:
-        for vh in self.vhosts.values():
-            for q in vh.queues.values():
-                yield from q.buffer
-        for c in self.connections:
-            for ch in c.channels.values():
-                yield from ch.unacked.values()
-
-    async def _lease_loop(self) -> None:
-        """Renew the store lease of messages held (buffered or unacked) for over half of it."""
-        period = max(self.lease_ms / 4000.0, 0.25)
-        while True:
-            await asyncio.sleep(period)
-            limit = time.monotonic() - self.lease_ms / 2000.0
-            due = [lease for lease in self._leases() if lease.leased_at < limit and not lease.renewing]
-            for lease in due:
-                await self._renew(lease)
-
-    async def _renew(self, lease: Lease) -> None:
-        q = lease.queue
-        if q.deleted:
-            return
-        lease.renewing = True
-        try:
-            lease.handle, _ = await self.processor.change_invisible(self.ctx, q.group, q.topic, lease.handle,
-                                                                    self.lease_ms)
-            lease.leased_at = time.monotonic()
-        except UnimqError as e:
-            log.warning("could not renew the lease of a message of queue %r: %s", q.name, e)
-        finally:
-            lease.renewing = False
-        if lease.pending == "ack":
-            lease.pending = None
-            self.ack_lease(lease)
-        elif lease.pending == "release":
-            lease.pending = None
-            self.release(lease)
 
     async def _expires_loop(self) -> None:
         """x-expires: delete queues unused (no consumers, no get, no redeclare) for that long."""

@@ -121,6 +121,8 @@ class Channel:
             + codec.encode_content(self.number, enc, m.body, conn.frame_max)
         )
         q = lease.queue
+        if lease.offset >= q.hw:
+            q.hw = lease.offset + 1
         if consumer.no_ack:
             q.count -= 1
             conn.broker.ack_lease(lease)
@@ -217,7 +219,7 @@ class Channel:
         leases = list(self.unacked.values())
         self.unacked.clear()
         for lease in leases:
-            q = self._settled(lease)
+            self._settled(lease)
             broker.release(lease)
         for c in self.consumers.values():
             c.unacked = 0
@@ -771,7 +773,7 @@ class AmqpConnection(asyncio.Protocol):
     async def _store(self, batch: list[tuple[Channel, Any, list[QueueState], int | None]]) -> None:
         broker = self.broker
         try:
-            await broker.send(self.ctx, [b[1] for b in batch])
+            results = await broker.send(self.ctx, [b[1] for b in batch])
         except UnimqError as e:
             if isinstance(e, StoreFullError):
                 broker.set_blocked("low on disk")
@@ -793,11 +795,14 @@ class AmqpConnection(asyncio.Protocol):
                     self.close_channel(ch.number, code, f"{codec.REPLY_TEXT[code]} - message not stored: {e}", 60, 40)
             return
         touched: dict[QueueState, None] = {}
-        for _ch, msg, queues, _seq in batch:
-            for q in queues:
-                q.on_enqueued(msg)
-                if q.max_length is not None:
-                    touched[q] = None
+        for (_ch, msg, queues, _seq), r in zip(batch, results):
+            if queues:
+                # the first extra-dispatch targets are these queues' LMQs, in this order
+                offs = r.extra_offsets
+                for i, q in enumerate(queues):
+                    q.on_enqueued(msg, offs[i] if i < len(offs) else None)
+                    if q.max_length is not None:
+                        touched[q] = None
         for q in touched:
             await q.enforce_max_length()
         self._confirm(batch)
@@ -1077,6 +1082,8 @@ async def _basic_get(conn: AmqpConnection, ch: Channel, m: Any) -> None:
         return
     tag = ch.next_tag
     ch.next_tag += 1
+    if lease.offset >= q.hw:
+        q.hw = lease.offset + 1
     if m.no_ack:
         q.count -= 1
         conn.broker.ack_lease(lease)

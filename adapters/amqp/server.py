@@ -93,7 +93,6 @@ class AmqpDoor:
             c.state = "closing"
             c._cleanup_channels()
             c._abort()
-        await broker.flush_ops()
         await broker.stop()
         try:
             await asyncio.wait_for(self._server.wait_closed(), 5)
