@@ -126,3 +126,19 @@ def test_batch_errors_are_the_careful_paths() -> None:
     msgs = messages_from_batch("t", orjson.dumps([good, {**BASE, "data_base64": "AAEC"}]), 100)
     assert [bytes(m.body) for m in msgs] == [b"", b"\x00\x01\x02"]
     assert msgs[1].properties["ce_data_base64"] == "true"
+
+
+def test_event_id_as_key_on_both_paths() -> None:
+    events = [dict(BASE), {**BASE, "id": "e-2", "data_base64": "AAEC"}, {**BASE, "id": "nul\0id"}]
+    msgs = messages_from_batch("t", orjson.dumps(events), 100, key_by_id=True)
+    assert [m.keys for m in msgs] == [("e-1",), ("e-2",), ()]  # the 2nd took the careful path; NUL: unindexed
+    assert [m.keys for m in messages_from_batch("t", orjson.dumps(events), 100)] == [(), (), ()]
+
+
+def test_batch_answer_shape() -> None:
+    from adapters.cloudevents.http_app import send_json, send_list_json
+    from gateway.processor import SendResult
+
+    results = [SendResult(f"ID{i}", "t/x", "broker-a", i, 10 + i, None) for i in range(3)]
+    assert send_list_json(results) == [send_json(r) for r in results]
+    assert list(send_list_json(results)[0]) == ["message_id", "topic", "queue_id", "queue_offset"]

@@ -29,7 +29,7 @@ import orjson
 
 from core_broker.model import Message
 
-from .mapping import CloudEventError, _JSON_CT, _dump_data, _loads, message_from_event_dict
+from .mapping import CloudEventError, _JSON_CT, _dump_data, _loads, key_by_event_id, message_from_event_dict
 
 __all__ = ["messages_from_batch", "plain_event_message"]
 
@@ -72,10 +72,11 @@ def _is_json_ct(ct: str) -> bool:
     return r
 
 
-def plain_event_message(topic: str, d: dict[str, Any]) -> Message | None:
+def plain_event_message(topic: str, d: dict[str, Any], key_by_id: bool = False) -> Message | None:
     """The message of a plain, valid structured event, or None when the careful path must decide.
 
     ``d`` is a decoded JSON object. None never means "invalid", only "not provably valid here".
+    ``key_by_id``: the event's ``id`` becomes the message key (what ``mapping.key_by_event_id`` does).
     """
     props: dict[str, str] = {}
     specversion = False
@@ -125,12 +126,17 @@ def plain_event_message(topic: str, d: dict[str, Any]) -> Message | None:
                 body = _dumps(data)
             except TypeError:  # e.g. an integer beyond 64 bits: the careful path's encoder takes it
                 body = _dump_data(data)
+    ce_id = props["ce_id"]
     return Message(topic, body, tag=props["ce_type"], properties=props,
+                   keys=(ce_id,) if key_by_id and "\0" not in ce_id else (),
                    message_group=props.get("ce_partitionkey") or None, protocol="cloudevents")
 
 
-def messages_from_batch(topic: str, body: bytes, max_batch: int) -> list[Message]:
-    """Batched content mode: a JSON array of structured events, decoded once."""
+def messages_from_batch(topic: str, body: bytes, max_batch: int, key_by_id: bool = False) -> list[Message]:
+    """Batched content mode: a JSON array of structured events, decoded once.
+
+    ``key_by_id``: each event's ``id`` becomes its message key (``http_index_event_ids``).
+    """
     arr = _loads(body)
     if type(arr) is not list:
         raise CloudEventError("a CloudEvents batch must be a JSON array of events")
@@ -139,6 +145,10 @@ def messages_from_batch(topic: str, body: bytes, max_batch: int) -> list[Message
     out = []
     add = out.append
     for i, d in enumerate(arr):
-        m = plain_event_message(topic, d) if type(d) is dict else None
-        add(m if m is not None else message_from_event_dict(topic, d, f"event {i}: "))
+        m = plain_event_message(topic, d, key_by_id) if type(d) is dict else None
+        if m is None:
+            m = message_from_event_dict(topic, d, f"event {i}: ")
+            if key_by_id:
+                key_by_event_id(m)
+        add(m)
     return out

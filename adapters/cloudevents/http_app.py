@@ -118,6 +118,11 @@ def send_json(r: Any) -> dict[str, Any]:
     return {"message_id": r.message_id, "topic": r.topic, "queue_id": r.queue_id, "queue_offset": r.queue_offset}
 
 
+def send_list_json(results: Sequence[Any]) -> list[dict[str, Any]]:
+    """``send_json`` of every result of a batch (unpacked by position: SendResult is a named tuple)."""
+    return [{"message_id": mid, "topic": t, "queue_id": q, "queue_offset": o} for mid, t, _, q, o, *_ in results]
+
+
 def message_json(m: Any, delivery_attempt: int | None = None, receipt_handle: str | None = None) -> dict[str, Any]:
     """One stored message in the shape every JSON consumer (the Spark reader among them) relies on."""
     d = {
@@ -539,13 +544,10 @@ def create_app(state: ServerState) -> FastAPI:
         body = await read_body(request, max_body)
         ctx = _ctx(request, "cloudevents")
         if base == CE_BATCH_CONTENT_TYPE:
-            msgs = messages_from_batch(topic, body, p.config.max_batch)
+            msgs = messages_from_batch(topic, body, p.config.max_batch, index_ids)
             if not msgs:
                 return _json([])
-            if index_ids:
-                for m in msgs:
-                    key_by_event_id(m)
-            return _json([send_json(r) for r in await p.send(ctx, msgs)])
+            return _json(send_list_json(await p.send(ctx, msgs)))
         if base == CE_JSON_CONTENT_TYPE:
             msg = message_from_structured(topic, body)
         elif base.startswith("application/cloudevents") and "ce-specversion" not in headers:
