@@ -110,6 +110,29 @@ def test_content_header_round_trip_against_pamqp(props: dict, body_size: int) ->
         assert getattr(back.properties, k) == v, k
 
 
+@given(props=PROPS, body_size=st.integers(0, 2**40))
+def test_cached_header_decoding_equals_the_plain_one(props: dict, body_size: int) -> None:
+    """decode_header (cached by the property bytes) answers what decode_properties does, twice."""
+    props = {k: v for k, v in props.items() if v != ""}
+    payload = struct.pack(">HHQ", 60, 0, body_size) + codec.encode_properties(props)
+    ref = codec.decode_properties(payload)
+    for _ in range(2):
+        class_id, size, decoded, raw, pb = codec.decode_header(payload)
+        assert (class_id, size, decoded, raw) == ref and pb == payload[12:]
+
+
+@given(ctag=SHORTSTR, tag=TAG, redelivered=st.booleans(), exchange=NAME, rk=SHORTSTR, props=PROPS,
+       body=st.binary(max_size=9000), frame_max=st.integers(4096, 9000))
+def test_delivery_template_equals_deliver_plus_content(ctag: str, tag: int, redelivered: bool, exchange: str,
+                                                       rk: str, props: dict, body: bytes, frame_max: int) -> None:
+    ctag = ctag.encode()[:255].decode("utf-8", "ignore")
+    rk = rk.encode()[:255].decode("utf-8", "ignore")
+    enc = codec.encode_properties(props)
+    ref = codec.encode_deliver(2, ctag, tag, redelivered, exchange, rk) + codec.encode_content(2, enc, body, frame_max)
+    for _ in range(2):  # the second time from the cached parts
+        assert codec.encode_delivery(2, ctag, tag, redelivered, exchange, rk, enc, body, frame_max) == ref
+
+
 @given(bodies=st.lists(st.binary(max_size=300), min_size=1, max_size=4), frame_max=st.integers(4096, 9000),
        cuts=st.lists(st.integers(0, 4000), max_size=8))
 def test_split_bodies_and_arbitrary_read_boundaries(bodies: list[bytes], frame_max: int, cuts: list[int]) -> None:

@@ -132,17 +132,19 @@ def _str_arg(args: dict[str, Any], name: str) -> str | None:
 class Lease:
     """A message of a queue: ready in the queue's buffer, or delivered and unacked."""
 
-    __slots__ = ("queue", "msg", "attempt", "tag", "consumer", "channel", "expires_at", "offset")
+    __slots__ = ("queue", "msg", "attempt", "tag", "consumer", "channel", "expires_at", "offset", "tmpl")
 
-    def __init__(self, queue: "QueueState", msg: StoredMessage | Message, attempt: int, offset: int) -> None:
+    def __init__(self, queue: "QueueState", msg: StoredMessage | Message, attempt: int, offset: int,
+                 tmpl: Any = None) -> None:
         self.queue = queue
         self.msg = msg
+        self.tmpl = tmpl  # (raw properties, exchange, routing key) for delivering it, or None: derive
         self.offset = offset  # the message's LMQ offset (requeue order, the durable cursor)
         self.attempt = attempt
         self.tag = 0
         self.consumer: "Consumer | None" = None
         self.channel: "Channel | None" = None
-        self.expires_at = queue.expiry_of(msg)
+        self.expires_at = queue.expiry_of(msg) if queue.ttl is not None or queue.per_message_ttl else None
 
 
 def _ranges(offsets: list[int]) -> list[list[int]]:
@@ -300,6 +302,18 @@ class QueueState:
                 # hand buffered messages to consumers with credit, round robin
                 buf = self.buffer
                 while buf and self.consumers:
+                    if len(self.consumers) == 1 and not self.per_message_ttl and self.ttl is None:
+                        # one consumer, nothing to expire (the common case): a run of deliveries
+                        c = self.consumers[0]
+                        n = min(c.credit(), len(buf))
+                        if n <= 0:
+                            break
+                        deliver = c.channel.deliver
+                        for _ in range(n):
+                            lease = buf.popleft()
+                            self.mem_bytes -= len(lease.msg.body)
+                            deliver(c, lease)
+                        continue
                     c = self._next_consumer()
                     if c is None:
                         break
@@ -509,7 +523,7 @@ class QueueState:
         self.count -= 1
         await self.broker.dead_letter(self, lease, "expired")
 
-    def on_enqueued(self, msg: Message, offset: int | None = None) -> None:
+    def on_enqueued(self, msg: Message, offset: int | None = None, tmpl: Any = None) -> None:
         """A message was stored into this queue's LMQ (at ``offset``, when known)."""
         self.count += 1
         if msg.properties.get("amqp_expiration") is not None:
@@ -524,7 +538,7 @@ class QueueState:
             if len(self.buffer) >= MEM_LIMIT or self.mem_bytes >= MEM_BYTES:
                 self.spill_next = offset
             else:
-                self.buffer.append(Lease(self, msg, 1, offset))
+                self.buffer.append(Lease(self, msg, 1, offset, tmpl))
                 self.mem_bytes += len(msg.body)
                 self.wake()
                 return
@@ -584,6 +598,9 @@ class VHost:
         return t
 
     def route(self, exchange: str, routing_key: str, headers: dict[str, Any] | None) -> list[QueueState]:
+        if exchange == "":  # the default exchange: the queue named by the routing key (the hot path)
+            q = self.queues.get(routing_key)
+            return [q] if q is not None else []
         names = route(self.exchanges, exchange, routing_key, headers, self.queues.__contains__)
         qs = self.queues
         return [qs[n] for n in names if n in qs]

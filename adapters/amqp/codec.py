@@ -17,7 +17,13 @@ way through a broker (publish, header, body, deliver, ack). Those five are
 therefore also parsed/built here with ``struct`` directly — exactly the
 layouts pamqp produces, which ``tests/test_amqp_codec.py`` checks against
 pamqp for arbitrary values with hypothesis. Everything else goes through
-pamqp unchanged.
+pamqp unchanged. On top of that, a publisher repeats the same publish
+arguments and property block message after message (and a consumer receives
+the same consumer tag, route and properties), so the decoded publish method
+and properties are cached by their bytes and a delivery is assembled from
+parts prebuilt per (consumer, route, properties): per message only the
+delivery tag and the sizes are packed. The caches are bounded in entries and
+key size.
 
 Server-sent methods that carry exchange or queue names are marshalled
 without pamqp's ``validate()``: it applies a name regex that RabbitMQ itself
@@ -93,6 +99,7 @@ _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
 _CONTENT_HDR = struct.Struct(">HHQH")  # class id, weight, body size, first flag word
+_CLASS_SIZE = struct.Struct(">HHQ")
 
 _BASIC_PUBLISH = 0x003C0028
 _BASIC_ACK = 0x003C0050
@@ -123,6 +130,7 @@ class ContentReceived:
     properties: dict[str, Any]
     body: bytes
     raw_headers: bytes | None = None  # the headers table exactly as sent (with its length prefix)
+    raw_props: bytes | None = None  # property flags + fields exactly as sent (delivered verbatim)
 
 
 @dataclass(slots=True)
@@ -229,6 +237,51 @@ def decode_properties(payload: bytes) -> tuple[int, int, dict[str, Any], bytes |
     return class_id, size, props, raw_headers
 
 
+_HEADER_CACHE: dict[bytes, tuple[dict[str, Any], bytes | None]] = {}
+_PUBLISH_CACHE: dict[bytes, Any] = {}
+CACHE_KEY_MAX = 512  # longest property block / publish frame whose decoding is cached
+_CACHE_ENTRIES = 4096
+
+
+def decode_header(payload: bytes) -> tuple[int, int, dict[str, Any], bytes | None, bytes]:
+    """:func:`decode_properties` plus the raw property block, with the decoding cached.
+
+    Publishers repeat a few property sets over and over (a content type, a
+    delivery mode), so the decoded form of a property block is kept by its
+    bytes (up to ``CACHE_KEY_MAX`` of them). The cached dict is shared: the
+    door only reads it.
+    """
+    if len(payload) < 14:
+        raise ValueError("content header too short")
+    pb = payload[12:]
+    hit = _HEADER_CACHE.get(pb)
+    class_id, _weight, size = _CLASS_SIZE.unpack_from(payload, 0)
+    if hit is None:
+        _, _, props, raw = decode_properties(payload)
+        hit = (props, raw)
+        if len(pb) <= CACHE_KEY_MAX:
+            if len(_HEADER_CACHE) >= _CACHE_ENTRIES:
+                _HEADER_CACHE.clear()
+            _HEADER_CACHE[pb] = hit
+    return class_id, size, hit[0], hit[1], pb
+
+
+def _decode_publish(payload: bytes) -> Any:
+    """Basic.Publish arguments (ticket, exchange, routing key, bits), cached by their bytes."""
+    m = _PUBLISH_CACHE.get(payload)
+    if m is None:
+        exchange, p = _shortstr(payload, 6)
+        rk, p = _shortstr(payload, p)
+        if p >= len(payload):
+            raise ValueError("publish frame truncated")
+        m = _new_publish(exchange, rk, payload[p])
+        if len(payload) <= CACHE_KEY_MAX:
+            if len(_PUBLISH_CACHE) >= _CACHE_ENTRIES:
+                _PUBLISH_CACHE.clear()
+            _PUBLISH_CACHE[payload] = m
+    return m
+
+
 def encode_properties(props: dict[str, Any], raw_headers: bytes | None = None) -> bytes:
     """Encode content properties (pamqp attribute names) as a content header's flags + fields.
 
@@ -270,13 +323,14 @@ def encode_properties(props: dict[str, Any], raw_headers: bytes | None = None) -
 
 
 class _Partial:
-    __slots__ = ("method", "size", "props", "raw_headers", "parts", "got", "has_header")
+    __slots__ = ("method", "size", "props", "raw_headers", "raw_props", "parts", "got", "has_header")
 
     def __init__(self, method: Any) -> None:
         self.method = method
         self.size = 0
         self.props: dict[str, Any] = {}
         self.raw_headers: bytes | None = None
+        self.raw_props: bytes | None = None
         self.parts: list[bytes] = []
         self.got = 0
         self.has_header = False
@@ -363,11 +417,7 @@ class FrameDecoder:
                 try:
                     if index == _BASIC_PUBLISH:
                         # ticket(2) exchange(shortstr) routing_key(shortstr) bits(1)
-                        exchange, p = _shortstr(payload, 6)
-                        rk, p = _shortstr(payload, p)
-                        if p >= len(payload):
-                            raise ValueError("publish frame truncated")
-                        m = _new_publish(exchange, rk, payload[p])
+                        m = _decode_publish(payload)
                     elif index == _BASIC_ACK:
                         if len(payload) < 13:
                             raise ValueError("ack frame truncated")
@@ -396,7 +446,7 @@ class FrameDecoder:
                             if buf[end] != FRAME_END:
                                 return self._fail(out, FRAME_ERROR, f"frame end byte 0x{buf[end]:02x}, expected 0xce")
                             try:
-                                class_id, body_size, props, raw = decode_properties(buf[pos + 7 : end])
+                                class_id, body_size, props, raw, pb = decode_header(buf[pos + 7 : end])
                             except (ValueError, struct.error, IndexError, TypeError, KeyError, OverflowError) as e:
                                 return self._fail(out, SYNTAX_ERROR, f"cannot decode content header: {e}")
                             if class_id != 60:
@@ -404,18 +454,19 @@ class FrameDecoder:
                                                   f"content header for class {class_id}, expected 60")
                             pos = end + 1
                             if body_size == 0:
-                                out.append(ContentReceived(ch, m, props, b"", raw))
+                                out.append(ContentReceived(ch, m, props, b"", raw, pb))
                                 continue
                             part.has_header = True
                             part.size = body_size
                             part.props = props
                             part.raw_headers = raw
+                            part.raw_props = pb
                             if n - pos >= 7:
                                 ftype, ch2, size = unpack_hdr(buf, pos)
                                 end = pos + 7 + size
                                 if (ftype == FRAME_BODY and ch2 == ch and size == body_size and end < n
                                         and size + 8 <= frame_max and buf[end] == FRAME_END):
-                                    out.append(ContentReceived(ch, m, props, buf[pos + 7 : end], raw))
+                                    out.append(ContentReceived(ch, m, props, buf[pos + 7 : end], raw, pb))
                                     pos = end + 1
                                     continue
                     content[ch] = part
@@ -426,7 +477,7 @@ class FrameDecoder:
                 if part is None or part.has_header:
                     return self._fail(out, UNEXPECTED_FRAME, f"unexpected content header frame on channel {ch}")
                 try:
-                    class_id, body_size, props, raw = decode_properties(payload)
+                    class_id, body_size, props, raw, pb = decode_header(payload)
                 except (ValueError, struct.error, IndexError, TypeError, KeyError, OverflowError) as e:
                     return self._fail(out, SYNTAX_ERROR, f"cannot decode content header: {e}")
                 if class_id != 60:
@@ -435,9 +486,10 @@ class FrameDecoder:
                 part.size = body_size
                 part.props = props
                 part.raw_headers = raw
+                part.raw_props = pb
                 if body_size == 0:
                     del content[ch]
-                    out.append(ContentReceived(ch, part.method, props, b"", raw))
+                    out.append(ContentReceived(ch, part.method, props, b"", raw, pb))
             elif ftype == FRAME_BODY:
                 part = content.get(ch)
                 if part is None or not part.has_header:
@@ -452,7 +504,7 @@ class FrameDecoder:
                         body = b"".join(part.parts)
                     else:
                         body = payload
-                    out.append(ContentReceived(ch, part.method, part.props, body, part.raw_headers))
+                    out.append(ContentReceived(ch, part.method, part.props, body, part.raw_headers, part.raw_props))
                 else:
                     part.parts.append(payload)
             elif ftype == FRAME_HEARTBEAT:
@@ -522,6 +574,44 @@ def encode_deliver(channel: int, consumer_tag: str, delivery_tag: int, redeliver
         tail = _DELIVER_TAIL[(exchange, routing_key)] = _sstr(exchange) + _sstr(routing_key) + b"\xce"
     return b"".join((_FRAME_HDR.pack(FRAME_METHOD, channel, len(head) + len(tail) + 8), head,
                      _U64.pack(delivery_tag), b"\x01" if redelivered else b"\x00", tail))
+
+
+_DELIVERY_PARTS: dict[tuple[int, str, str, str, bytes], tuple[bytes, bytes, bytes]] = {}
+_TAG_REDELIVERED = struct.Struct(">QB")
+
+
+def encode_delivery(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool, exchange: str,
+                    routing_key: str, properties: bytes, body: bytes, frame_max: int) -> bytes:
+    """Basic.Deliver + content header + body frames, from parts prebuilt per (consumer, route, properties).
+
+    Equal to ``encode_deliver(...) + encode_content(...)``; a consumer receives
+    the same consumer tag, route and properties over and over, so only the
+    delivery tag, the redelivered bit and the body sizes are packed per message.
+    """
+    key = (channel, consumer_tag, exchange, routing_key, properties)
+    parts = _DELIVERY_PARTS.get(key)
+    if parts is None:
+        ctag = _sstr(consumer_tag)
+        tail = _sstr(exchange) + _sstr(routing_key)
+        head = _FRAME_HDR.pack(FRAME_METHOD, channel, 4 + len(ctag) + 9 + len(tail)) + _U32.pack(_BASIC_DELIVER) + ctag
+        mid = tail + b"\xce" + _FRAME_HDR.pack(FRAME_HEADER, channel, 12 + len(properties)) + b"\x00\x3c\x00\x00"
+        parts = (head, mid, properties + b"\xce")
+        if len(properties) <= CACHE_KEY_MAX:
+            if len(_DELIVERY_PARTS) >= _CACHE_ENTRIES:
+                _DELIVERY_PARTS.clear()
+            _DELIVERY_PARTS[key] = parts
+    n = len(body)
+    limit = frame_max - 8 if frame_max else n
+    if n == 0:
+        return b"".join((parts[0], _TAG_REDELIVERED.pack(delivery_tag, redelivered), parts[1], _U64.pack(0), parts[2]))
+    if n <= limit:
+        return b"".join((parts[0], _TAG_REDELIVERED.pack(delivery_tag, redelivered), parts[1], _U64.pack(n), parts[2],
+                         _FRAME_HDR.pack(FRAME_BODY, channel, n), body, b"\xce"))
+    out = [parts[0], _TAG_REDELIVERED.pack(delivery_tag, redelivered), parts[1], _U64.pack(n), parts[2]]
+    for i in range(0, n, limit):
+        chunk = body[i : i + limit]
+        out.append(_FRAME_HDR.pack(FRAME_BODY, channel, len(chunk)) + chunk + b"\xce")
+    return b"".join(out)
 
 
 def encode_get_ok(channel: int, delivery_tag: int, redelivered: bool, exchange: str, routing_key: str,

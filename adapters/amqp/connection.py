@@ -60,6 +60,11 @@ SERVER_PROPERTIES = {
 }
 
 
+# A publish on its way to the store: channel, message, queues it reaches, confirm sequence
+# (negative: nack), delivery template (raw properties, exchange, routing key) or None.
+Pub = tuple["Channel", Any, list[QueueState], "int | None", Any]
+
+
 def _cm(m: Any) -> tuple[int, int]:
     return m.index >> 16, m.index & 0xFFFF
 
@@ -103,7 +108,7 @@ class Channel:
         self.confirm = False
         self.pub_seq = 0
         self.tx = False
-        self.tx_pubs: list[tuple[Any, list[QueueState], int | None]] = []
+        self.tx_pubs: list[tuple[Any, list[QueueState], int | None, Any]] = []
         self.tx_acks: list[tuple[str, int, bool, bool]] = []  # (kind, tag, multiple, requeue)
         self.last_queue = ""
 
@@ -114,12 +119,12 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         m = lease.msg
-        enc, exchange, rk = encoded_delivery(m)
+        tmpl = lease.tmpl
+        if tmpl is None:
+            tmpl = encoded_delivery(m)
         conn = self.conn
-        conn.write(
-            codec.encode_deliver(self.number, consumer.tag, tag, lease.attempt > 1, exchange, rk)
-            + codec.encode_content(self.number, enc, m.body, conn.frame_max)
-        )
+        conn.write(codec.encode_delivery(self.number, consumer.tag, tag, lease.attempt > 1, tmpl[1], tmpl[2],
+                                         tmpl[0], m.body, conn.frame_max))
         q = lease.queue
         if lease.offset >= q.hw:
             q.hw = lease.offset + 1
@@ -155,11 +160,13 @@ class Channel:
                 return out
             if tag not in un and not any(t <= tag for t in un):
                 raise AmqpError(codec.PRECONDITION_FAILED, f"unknown delivery tag {tag}", *cm)
-            for t in list(un):
+            tags = []
+            for t in un:  # delivery tags were inserted in increasing order
                 if t > tag:
                     break
-                out.append(un.pop(t))
-            return out
+                tags.append(t)
+            pop = un.pop
+            return [pop(t) for t in tags]
         lease = un.pop(tag, None)
         if lease is None:
             raise AmqpError(codec.PRECONDITION_FAILED, f"unknown delivery tag {tag}", *cm)
@@ -264,7 +271,7 @@ class AmqpConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._backlog: deque[Any] = deque()
         self._worker: asyncio.Task[None] | None = None
-        self._pending: list[tuple[Channel, Any, list[QueueState], int | None]] = []
+        self._pending: list[Pub] = []
         self._sender: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -736,7 +743,11 @@ class AmqpConnection(asyncio.Protocol):
                     queues = [x for x in queues if not x.rejects_publish()]
                     break
         topic, mqtt = vh.unified_topic(exname, rk)
-        msg = build_message(topic, mqtt, exname, rk, props, ev.raw_headers, body, [q.topic for q in queues])
+        raw_props = ev.raw_props
+        msg = build_message(topic, mqtt, exname, rk, props, ev.raw_headers, body, [q.topic for q in queues],
+                            raw_props)
+        # what a delivery from memory sends: the properties exactly as published
+        tmpl = (raw_props, exname, rk) if raw_props is not None else None
         seq = None
         if ch.confirm:
             ch.pub_seq += 1
@@ -751,9 +762,9 @@ class AmqpConnection(asyncio.Protocol):
                                        self.frame_max)
             )
         if ch.tx:
-            ch.tx_pubs.append((msg, queues, seq))
+            ch.tx_pubs.append((msg, queues, seq, tmpl))
             return
-        self._pending.append((ch, msg, queues, seq))
+        self._pending.append((ch, msg, queues, seq, tmpl))
         if self._sender is None:
             self._idle.clear()
             self._sender = self.loop.create_task(self._send_loop())
@@ -770,7 +781,7 @@ class AmqpConnection(asyncio.Protocol):
             self._sender = None
             self._idle.set()
 
-    async def _store(self, batch: list[tuple[Channel, Any, list[QueueState], int | None]]) -> None:
+    async def _store(self, batch: list[Pub]) -> None:
         broker = self.broker
         try:
             results = await broker.send(self.ctx, [b[1] for b in batch])
@@ -780,7 +791,7 @@ class AmqpConnection(asyncio.Protocol):
             log.warning("AMQP connection %s: storing %d message(s) failed: %s", self.peer, len(batch), e)
             failed: set[Channel] = set()
             last_seq: dict[Channel, int] = {}
-            for ch, _msg, _qs, seq in batch:
+            for ch, _msg, _qs, seq, _t in batch:
                 if seq is not None:
                     last_seq[ch] = abs(seq)
                 else:
@@ -795,21 +806,21 @@ class AmqpConnection(asyncio.Protocol):
                     self.close_channel(ch.number, code, f"{codec.REPLY_TEXT[code]} - message not stored: {e}", 60, 40)
             return
         touched: dict[QueueState, None] = {}
-        for (_ch, msg, queues, _seq), r in zip(batch, results):
+        for (_ch, msg, queues, _seq, tmpl), r in zip(batch, results):
             if queues:
                 # the first extra-dispatch targets are these queues' LMQs, in this order
                 offs = r.extra_offsets
                 for i, q in enumerate(queues):
-                    q.on_enqueued(msg, offs[i] if i < len(offs) else None)
+                    q.on_enqueued(msg, offs[i] if i < len(offs) else None, tmpl)
                     if q.max_length is not None:
                         touched[q] = None
         for q in touched:
             await q.enforce_max_length()
         self._confirm(batch)
 
-    def _confirm(self, batch: list[tuple[Channel, Any, list[QueueState], int | None]]) -> None:
+    def _confirm(self, batch: list[Pub]) -> None:
         acks: dict[Channel, int] = {}
-        for ch, _msg, _qs, seq in batch:
+        for ch, _msg, _qs, seq, _t in batch:
             if seq is None:
                 continue
             if seq < 0:  # rejected by a full queue (x-overflow reject-publish)
@@ -1140,7 +1151,7 @@ async def _tx_commit(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     acks, ch.tx_acks = ch.tx_acks, []
     for i in range(0, len(pubs), MAX_BATCH):
         part = pubs[i : i + MAX_BATCH]
-        await conn._store([(ch, msg, qs, seq) for msg, qs, seq in part])
+        await conn._store([(ch, msg, qs, seq, t) for msg, qs, seq, t in part])
         if ch.closing:
             return
     ch.tx = False  # apply the acks for real, then back to tx mode

@@ -129,25 +129,12 @@ def _plain(v: Any) -> str | None:
     return None
 
 
-def build_message(
-    topic: str,
-    mqtt_topic: str | None,
-    exchange: str,
-    routing_key: str,
-    props: dict[str, Any],
-    raw_headers: bytes | None,
-    body: bytes,
-    queue_topics: list[str],
-) -> Message:
-    """The unified message for one publish (protocol amqp), dispatched into ``queue_topics``."""
+_TEMPLATES: dict[bytes, tuple[dict[str, str], str | None]] = {}
+
+
+def _props_part(props: dict[str, Any], raw_headers: bytes | None) -> tuple[dict[str, str], str | None]:
+    """The stored properties a publish's basic properties and headers become, and its message id."""
     p: dict[str, str] = {}
-    if exchange:
-        p[P_EXCHANGE] = exchange
-    if len(routing_key) > TAG_MAX:
-        p[P_ROUTING_KEY] = routing_key
-        tag: str | None = routing_key[:TAG_MAX]
-    else:
-        tag = routing_key or None
     if props:
         headers = props.get("headers")
         if headers:
@@ -164,9 +151,50 @@ def build_message(
             key = PROP_KEYS.get(name)
             if key is not None and v is not None:
                 p[key] = v if v.__class__ is str else str(int(v.timestamp()) if hasattr(v, "timestamp") else v)
+    mid = props.get("message_id") if props else None
+    return p, mid
+
+
+def build_message(
+    topic: str,
+    mqtt_topic: str | None,
+    exchange: str,
+    routing_key: str,
+    props: dict[str, Any],
+    raw_headers: bytes | None,
+    body: bytes,
+    queue_topics: list[str],
+    raw_props: bytes | None = None,
+) -> Message:
+    """The unified message for one publish (protocol amqp), dispatched into ``queue_topics``.
+
+    ``raw_props`` (the property block as received) keys a small cache of the
+    property part: publishers repeat a few property sets, so most publishes
+    copy a prepared dict instead of converting every property again.
+    """
+    part = None
+    if raw_props is not None:
+        part = _TEMPLATES.get(raw_props)
+        if part is None and len(raw_props) <= 512:
+            part = _props_part(props, raw_headers)
+            if len(_TEMPLATES) >= 4096:
+                _TEMPLATES.clear()
+            _TEMPLATES[raw_props] = part
+    if part is None:
+        part = _props_part(props, raw_headers)
+    p: dict[str, str] = {}
+    if exchange:
+        p[P_EXCHANGE] = exchange
+    if len(routing_key) > TAG_MAX:
+        p[P_ROUTING_KEY] = routing_key
+        tag: str | None = routing_key[:TAG_MAX]
+    else:
+        tag = routing_key or None
+    if part[0]:
+        p.update(part[0])
     if mqtt_topic is not None:
         p[P_MQTT_TOPIC] = mqtt_topic
-    mid = props.get("message_id") if props else None
+    mid = part[1]
     return Message(
         topic,
         body,
