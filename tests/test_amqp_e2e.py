@@ -501,6 +501,28 @@ def test_requeued_message_keeps_its_position(conn: pika.BlockingConnection, dura
     assert ch.queue_declare(q, passive=True).method.message_count == 0
 
 
+def test_priority_queue_delivers_highest_first(conn: pika.BlockingConnection) -> None:
+    """x-max-priority: higher priorities first, FIFO within one; above the maximum counts as it."""
+    ch = conn.channel()
+    q = uniq("prio")
+    ch.queue_declare(q, arguments={"x-max-priority": 5})
+    for body, prio in ((b"low", 1), (b"mid-a", 3), (b"none", None), (b"top", 9), (b"mid-b", 3), (b"max", 5)):
+        ch.basic_publish("", q, body, pika.BasicProperties(priority=prio))
+    m, _, first = ch.basic_get(q)
+    assert first == b"top"
+    ch.basic_nack(m.delivery_tag, requeue=True)  # back to the front of its level
+    got = []
+    while True:
+        m, props, body = ch.basic_get(q, auto_ack=True)
+        if m is None:
+            break
+        got.append(body)
+    assert got == [b"top", b"max", b"mid-a", b"mid-b", b"low", b"none"]
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as ei:
+        conn.channel().queue_declare(uniq("prio-bad"), arguments={"x-max-priority": 256})
+    assert ei.value.reply_code == 406
+
+
 def test_unacked_requeued_when_channel_closes(server: Server) -> None:
     c = pika.BlockingConnection(params(server))
     ch = c.channel()

@@ -132,12 +132,13 @@ def _str_arg(args: dict[str, Any], name: str) -> str | None:
 class Lease:
     """A message of a queue: ready in the queue's buffer, or delivered and unacked."""
 
-    __slots__ = ("queue", "msg", "attempt", "tag", "consumer", "channel", "expires_at", "offset", "tmpl")
+    __slots__ = ("queue", "msg", "attempt", "tag", "consumer", "channel", "expires_at", "offset", "tmpl", "priority")
 
     def __init__(self, queue: "QueueState", msg: StoredMessage | Message, attempt: int, offset: int,
                  tmpl: Any = None) -> None:
         self.queue = queue
         self.msg = msg
+        self.priority = queue.priority_of(msg) if queue.max_priority else 0
         self.tmpl = tmpl  # (raw properties, exchange, routing key) for delivering it, or None: derive
         self.offset = offset  # the message's LMQ offset (requeue order, the durable cursor)
         self.attempt = attempt
@@ -168,6 +169,63 @@ def _offset_of(lease: Lease) -> int:
     return lease.offset
 
 
+def _merge_back(d: "deque[Lease]", back: list[Lease]) -> None:
+    """Put leases (sorted by offset) back into an offset-ordered deque, in place."""
+    if not d or back[-1].offset <= d[0].offset:
+        d.extendleft(reversed(back))
+    else:  # in place: a pump iterating the deque keeps its reference
+        merged = list(heapq.merge(back, d, key=_offset_of))
+        d.clear()
+        d.extend(merged)
+
+
+class PriorityBuffer:
+    """The ready messages of an ``x-max-priority`` queue: highest priority first, then LMQ offset.
+
+    One offset-ordered deque per priority level, with the subset of the deque
+    interface the queue's code uses (``popleft``, ``append``, ``[0]``, ``len``).
+    """
+
+    def __init__(self, max_priority: int) -> None:
+        self.levels: list[deque[Lease]] = [deque() for _ in range(max_priority + 1)]
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _top(self) -> "deque[Lease]":
+        for d in reversed(self.levels):
+            if d:
+                return d
+        raise IndexError("empty buffer")
+
+    def __getitem__(self, i: int) -> Lease:
+        if i != 0:
+            raise IndexError("only the head of a priority buffer is addressable")
+        return self._top()[0]
+
+    def popleft(self) -> Lease:
+        lease = self._top().popleft()
+        self.n -= 1
+        return lease
+
+    def append(self, lease: Lease) -> None:
+        self.levels[lease.priority].append(lease)
+        self.n += 1
+
+    def clear(self) -> None:
+        for d in self.levels:
+            d.clear()
+        self.n = 0
+
+    def merge_back(self, back: list[Lease]) -> None:
+        for level, d in enumerate(self.levels):
+            mine = [x for x in back if x.priority == level]
+            if mine:
+                _merge_back(d, mine)
+        self.n += len(back)
+
+
 class QueueState:
     """One AMQP queue: its definition (durable in kv) and its runtime (consumers, buffer, pump)."""
 
@@ -186,6 +244,10 @@ class QueueState:
         self.max_length = _int_arg(a, "x-max-length", 0)
         self.dlx = _str_arg(a, "x-dead-letter-exchange")
         self.dlrk = _str_arg(a, "x-dead-letter-routing-key")
+        self.max_priority = _int_arg(a, "x-max-priority", 0)
+        if self.max_priority is not None and self.max_priority > 255:
+            raise AmqpError(codec.PRECONDITION_FAILED, f"invalid arg 'x-max-priority' for queue: {self.max_priority}",
+                            50, 10)
         self.overflow = _str_arg(a, "x-overflow") or "drop-head"
         if self.overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
             raise AmqpError(codec.PRECONDITION_FAILED, f"invalid arg 'x-overflow' for queue: {self.overflow!r}", 50, 10)
@@ -193,7 +255,7 @@ class QueueState:
         self.group = name
         self.consumers: list[Consumer] = []
         self.rr = 0
-        self.buffer: deque[Lease] = deque()
+        self.buffer: Any = PriorityBuffer(self.max_priority) if self.max_priority else deque()
         self.count = 0  # ready (in the store or the buffer) + unacked
         self.unacked = 0
         self.had_consumer = False
@@ -245,6 +307,17 @@ class QueueState:
         return None
 
     # -- counts -------------------------------------------------------------------
+
+    def priority_of(self, m: StoredMessage | Message) -> int:
+        """A message's priority in this queue (RabbitMQ: above the maximum counts as the maximum)."""
+        v = m.properties.get("amqp_priority")
+        if v is None:
+            return 0
+        try:
+            p = int(v)
+        except ValueError:
+            return 0
+        return min(max(p, 0), self.max_priority or 0)
 
     def ready(self) -> int:
         return max(self.count - self.unacked, 0)
@@ -445,12 +518,10 @@ class QueueState:
         self.returned = []
         for lease in back:
             self.mem_bytes += len(lease.msg.body)
-        if not self.buffer or back[-1].offset <= self.buffer[0].offset:
-            self.buffer.extendleft(reversed(back))
-        else:  # in place: a pump iterating the deque keeps its reference
-            merged = list(heapq.merge(back, self.buffer, key=_offset_of))
-            self.buffer.clear()
-            self.buffer.extend(merged)
+        if isinstance(self.buffer, PriorityBuffer):
+            self.buffer.merge_back(back)
+        else:
+            _merge_back(self.buffer, back)
 
     def hold(self, lease: Lease) -> None:
         """A released memory-queue lease comes back (merged in offset order before the next delivery)."""
