@@ -35,6 +35,8 @@ is a connection of this door:
   (at-least-once, as with RabbitMQ's classic queues);
 - transient queues (non-durable or exclusive) keep no cursor: they die with
   the server or their connection;
+- an ``x-max-priority`` queue keeps its ready messages in one offset-ordered
+  deque per priority (:class:`PriorityBuffer`) and hands out the highest first;
 - TTL, max-length (drop-head, or reject-publish) and dead-lettering (with
   the ``x-death`` header) are applied by the door: expiry at the head of the
   queue like RabbitMQ, dead-letter = publish a copy through the DLX, then
