@@ -38,6 +38,7 @@ import asyncio
 import base64
 import json
 import logging
+import struct
 import time
 import uuid
 from collections import deque
@@ -62,8 +63,10 @@ KV_RETAINED = "mqtt.retained"
 OFFSET_GROUP = "mqtt"
 LMQ_PREFIX = "%LMQ%mqtt/"
 SHARE_LMQ_PREFIX = "%LMQ%mqtt-share/"
-# Messages per subscription queue kept in memory for a connected session that is behind.
-MEM_QUEUE_LIMIT = 16384
+# Per message kept in a session's in-memory queue: the payload plus this much bookkeeping
+# (the Outgoing, its topic bytes, the tuple and the deque slot), counted against
+# MQTTConfig.mem_queue_bytes.
+MEM_ENTRY_OVERHEAD = 256
 
 # message properties this door writes (everything else is a user property)
 P_TOPIC = "mqtt_topic"
@@ -75,6 +78,7 @@ P_RESPONSE_TOPIC = "mqtt_response_topic"
 P_CORRELATION = "mqtt_correlation_data"  # base64
 P_PAYLOAD_FORMAT = "mqtt_payload_format"
 _QOS_STR = ("0", "1", "2")
+_PUBACK = struct.Struct(">BBH").pack  # a 3.1.1 (or success) PUBACK: type, length 2, packet id
 MQTT_KEYS = frozenset({P_TOPIC, P_QOS, P_RETAIN, P_EXPIRY_AT, P_CONTENT_TYPE, P_RESPONSE_TOPIC, P_CORRELATION,
                        P_PAYLOAD_FORMAT})
 
@@ -101,6 +105,10 @@ class MQTTConfig:
     qos0_drop_buffer: int = 8 * 1024 * 1024
     # How long a CONNECT may take to arrive after the TCP connection opens.
     connect_timeout_s: float = 10.0
+    # Bytes of just-stored QoS 1/2 messages kept in memory, over all connected sessions
+    # that are behind, so that delivering them needs no read back from the store. Past
+    # this, a session's queue is read from the store (pull by offset) as usual.
+    mem_queue_bytes: int = 64 * 1024 * 1024
 
 
 def _now_ms() -> int:
@@ -209,6 +217,23 @@ class SharedGroup:
 # ------------------------------------------------------------------ broker
 
 
+class _Plan:
+    """Where one PUBLISH goes (see :meth:`MQTTBroker._plan`)."""
+
+    __slots__ = ("ut", "tb", "targets", "lmq_subs", "direct", "wake_groups", "matched")
+
+    def __init__(self, ut: str, tb: bytes, targets: tuple[DispatchTarget, ...],
+                 lmq_subs: tuple[Subscription | None, ...], direct: tuple[Subscription, ...],
+                 wake_groups: tuple[SharedGroup, ...], matched: bool) -> None:
+        self.ut = ut  # unified topic
+        self.tb = tb  # the MQTT topic, encoded
+        self.targets = targets  # the LMQs, in the order of lmq_subs
+        self.lmq_subs = lmq_subs  # QoS 1/2 subscriptions (None: a shared group's LMQ)
+        self.direct = direct  # QoS 0 deliveries, straight from memory to those online
+        self.wake_groups = wake_groups
+        self.matched = matched
+
+
 def PubItem(topic: str, payload: bytes, qos: int, retain: bool, props: dict[str, Any] | None) -> C.Publish:
     """One message to publish: a PUBLISH packet's fields (client publishes are passed as they are)."""
     return C.Publish(topic, payload, qos, retain, False, 0, props)
@@ -227,6 +252,8 @@ class MQTTBroker:
         self.retained: dict[str, Outgoing] = {}
         self.connections: set[Connection] = set()
         self._route_cache: dict[str, tuple[list[Subscription], list[SharedGroup]]] = {}
+        self._plans: dict[tuple[str, int], _Plan] = {}  # (topic, qos) -> plan (see _plan)
+        self._route_gen = 0  # bumped whenever subscriptions change (plans made before are stale)
         self._unified: dict[str, str] = {}  # MQTT topic -> unified topic (cache)
         # messages other doors are sending to MQTT subscribers: id(message) -> plan
         self._xroute: dict[int, tuple[Outgoing, list[tuple[Subscription, DispatchTarget]], list[Subscription],
@@ -235,6 +262,7 @@ class MQTTBroker:
         self._flusher: asyncio.Task[None] | None = None
         self._dirty_sessions: set[Session] = set()
         self.stats = {"qos0_dropped": 0}
+        self.mem_used = 0  # bytes held by every cursor's in-memory queue (see _mem_push)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle
@@ -392,6 +420,8 @@ class MQTTBroker:
         s.inflight.clear()
         lmqs = [self._unindex_sub(s, sub) for sub in s.subs.values()]
         s.subs.clear()
+        for cur in s.cursors.values():
+            self._mem_clear(cur)
         s.cursors.clear()
         s.pending.clear()
         s.dirty.clear()
@@ -412,8 +442,13 @@ class MQTTBroker:
 
     # -- subscriptions
 
-    def _index_sub(self, sub: Subscription) -> None:
+    def _routes_changed(self) -> None:
         self._route_cache.clear()
+        self._plans.clear()
+        self._route_gen += 1
+
+    def _index_sub(self, sub: Subscription) -> None:
+        self._routes_changed()
         s = sub.session
         if sub.sub_id:
             s.has_sub_ids = True
@@ -430,7 +465,7 @@ class MQTTBroker:
 
     def _unindex_sub(self, s: Session, sub: Subscription) -> str | None:
         """Remove a subscription from routing; return the LMQ that is no longer needed, if any."""
-        self._route_cache.clear()
+        self._routes_changed()
         if sub.group:
             g = self.groups.get((sub.group, sub.filter))
             if g is not None:
@@ -442,7 +477,9 @@ class MQTTBroker:
             return None
         self.trie.remove(sub.filter, s.client_id)
         if sub.lmq:
-            s.cursors.pop(sub.lmq, None)
+            cur = s.cursors.pop(sub.lmq, None)
+            if cur is not None:
+                self._mem_clear(cur)
             s.pending.pop(sub.lmq, None)
             s.dirty.discard(sub.lmq)
             return sub.lmq
@@ -499,7 +536,7 @@ class MQTTBroker:
                     s.lmq_seq += 1
                     sub.lmq = f"{LMQ_PREFIX}{lmq_safe(s.client_id)}/{s.lmq_seq}"
                     s.cursors[sub.lmq] = Cursor(0)
-                self._route_cache.clear()
+                self._routes_changed()
             else:
                 existed = False
                 sub = Subscription(flt, opts.qos, s, no_local=opts.no_local, rap=opts.retain_as_published,
@@ -579,6 +616,65 @@ class MQTTBroker:
     async def _ensure_lmq(self, name: str) -> None:
         await self.processor.create_topic(self.ctx, name, queues=1, exist_ok=True)
 
+    async def _plan(self, topic: str, qos: int, publisher: str) -> "_Plan":
+        """Where a PUBLISH of ``qos`` to ``topic`` goes: LMQs to dispatch into, QoS 0 subscribers.
+
+        Cached per (topic, QoS) while the subscriptions do not change, when nothing in
+        it depends on the message or its publisher (no shared groups: their round robin
+        and pending count move per message; no no-local subscriptions), so a batch of
+        publishes to a few topics builds its dispatch targets once, not per message.
+        """
+        gen = self._route_gen
+        subs, groups = self._route(topic)
+        targets: list[DispatchTarget] = []
+        lmq_subs: list[Subscription | None] = []
+        direct: list[Subscription] = []
+        wake_groups: list[SharedGroup] = []
+        cacheable = not groups
+        for sub in subs:
+            if sub.no_local:
+                cacheable = False
+                if sub.session.client_id == publisher:
+                    continue
+            q = sub.qos if sub.qos < qos else qos
+            if q == 0:
+                direct.append(sub)
+                continue
+            lmq = sub.lmq
+            if lmq is None:  # pragma: no cover - QoS>0 subscriptions always have one
+                continue
+            if not sub.lmq_ready:
+                await self._ensure_lmq(lmq)
+                sub.lmq_ready = True
+            targets.append(DispatchTarget(lmq, 0))
+            lmq_subs.append(sub)
+        for g in groups:
+            if qos == 0 or g.qos == 0:
+                online = g.online()
+                if online:
+                    g.rr += 1
+                    direct.append(online[g.rr % len(online)])
+                continue
+            if not g.lmq_ready:
+                await self._ensure_lmq(g.lmq)
+                g.lmq_ready = True
+            targets.append(DispatchTarget(g.lmq, 0))
+            lmq_subs.append(None)
+            g.pending += 1
+            wake_groups.append(g)
+        ut = self._unified.get(topic)
+        if ut is None:
+            if len(self._unified) > 50_000:
+                self._unified.clear()
+            ut = self._unified[topic] = unified_topic(topic)
+        plan = _Plan(ut, topic.encode(), tuple(targets), tuple(lmq_subs), tuple(direct), tuple(wake_groups),
+                     bool(subs or groups))
+        if cacheable and gen == self._route_gen:
+            if len(self._plans) > 20000:
+                self._plans.clear()
+            self._plans[(topic, qos)] = plan
+        return plan
+
     async def publish(self, ctx: RequestContext, publisher: str, items: list[C.Publish]) -> list[int]:
         """Store ``items`` (one batch), dispatch them, deliver QoS 0 to online subscribers.
 
@@ -586,74 +682,47 @@ class MQTTBroker:
         error >= 0x80). Raises nothing for store errors: they become codes.
         """
         msgs: list[Message] = []
-        fast: list[tuple[Outgoing, list[tuple[Subscription, int]]]] = []
+        fast: list[tuple[Outgoing, tuple[Subscription, ...]]] = []
         wake: set[Session] = set()
         wake_groups: set[SharedGroup] = set()
-        matched: list[bool] = []
-        # per message: the QoS 1/2 subscriptions it was dispatched to, in extra_dispatch order
-        lmq_subs: list[list[Subscription] | None] = []
+        # per message: its plan (the QoS 1/2 subscriptions it was dispatched to, in
+        # extra_dispatch order) and the outbound form subscribers get
+        plans: list[_Plan] = []
         outs: list[Outgoing | None] = []
+        plan_cache = self._plans
+        retained = False
         for it in items:
             topic = it.topic
-            if it.properties is None and not it.retain:
-                props = {P_TOPIC: topic, P_QOS: _QOS_STR[it.qos]}
+            qos = it.qos
+            plan = plan_cache.get((topic, qos))
+            if plan is None:
+                plan = await self._plan(topic, qos, publisher)
+            if plan.wake_groups:
+                wake_groups.update(plan.wake_groups)
+            iprops = it.properties
+            if iprops is None and not it.retain:
+                props = {P_TOPIC: topic, P_QOS: _QOS_STR[qos]}
+                expiry = 0
             else:
-                props = message_properties(topic, it.qos, it.retain, it.properties)
-            subs, groups = self._route(topic)
-            targets: list[DispatchTarget] = []
-            direct: list[tuple[Subscription, int]] = []
-            via_lmq: list[Subscription] = []
-            for sub in subs:
-                if sub.no_local and sub.session.client_id == publisher:
-                    continue
-                q = sub.qos if sub.qos < it.qos else it.qos
-                if q == 0:
-                    if sub.session.conn is not None:
-                        direct.append((sub, 0))
-                    continue
-                lmq = sub.lmq
-                if lmq is None:  # pragma: no cover - QoS>0 subscriptions always have one
-                    continue
-                if not sub.lmq_ready:
-                    await self._ensure_lmq(lmq)
-                    sub.lmq_ready = True
-                targets.append(DispatchTarget(lmq, 0))
-                via_lmq.append(sub)
-            for g in groups:
-                if it.qos == 0 or g.qos == 0:
-                    online = g.online()
-                    if online:
-                        g.rr += 1
-                        direct.append((online[g.rr % len(online)], 0))
-                    continue
-                if not g.lmq_ready:
-                    await self._ensure_lmq(g.lmq)
-                    g.lmq_ready = True
-                targets.append(DispatchTarget(g.lmq, 0))
-                via_lmq.append(None)  # type: ignore[arg-type]
-                g.pending += 1
-                wake_groups.add(g)
-            matched.append(bool(subs or groups))
-            ut = self._unified.get(topic)
-            if ut is None:
-                if len(self._unified) > 50_000:
-                    self._unified.clear()
-                ut = self._unified[topic] = unified_topic(topic)
-            msgs.append(Message(ut, it.payload, properties=props, protocol="mqtt", extra_dispatch=targets))
+                props = message_properties(topic, qos, it.retain, iprops)
+                expiry = int(props.get(P_EXPIRY_AT, 0))
+                retained = retained or it.retain
+            msgs.append(Message(plan.ut, it.payload, properties=props, protocol="mqtt", extra_dispatch=plan.targets))
             out = None
-            if direct or via_lmq:
-                out = Outgoing(it.topic, it.payload, it.qos, it.retain, forward_props(it.properties),
-                               int(props.get(P_EXPIRY_AT, 0)))
-                if direct:
-                    fast.append((out, direct))
+            if plan.lmq_subs or plan.direct:
+                out = Outgoing(topic, it.payload, qos, it.retain, forward_props(iprops) if iprops else None, expiry,
+                               plan.tb)
+                if plan.direct:
+                    fast.append((out, plan.direct))
+            plans.append(plan)
             outs.append(out)
-            lmq_subs.append(via_lmq or None)
         codes: list[int]
         try:
             results = await self.processor.send(ctx, msgs)
-            codes = [0 if m else C.RC_NO_MATCHING_SUBSCRIBERS for m in matched]
-            for res, subs_, out in zip(results, lmq_subs, outs):
-                if subs_ is None:
+            codes = [0 if p.matched else C.RC_NO_MATCHING_SUBSCRIBERS for p in plans]
+            for res, plan, out in zip(results, plans, outs):
+                subs_ = plan.lmq_subs
+                if not subs_:
                     continue
                 # our targets come first in extra_dispatch (other doors' routers append theirs)
                 offsets = res.extra_offsets if len(res.extra_offsets) >= len(subs_) else None
@@ -678,7 +747,7 @@ class MQTTBroker:
             codes = [C.RC_NOT_AUTHORIZED if e.code in ("FORBIDDEN", "UNAUTHORIZED") else C.RC_UNSPECIFIED_ERROR] \
                 * len(items)
         for out, direct in fast:
-            for sub, _ in direct:
+            for sub in direct:
                 conn = sub.session.conn
                 if conn is not None:
                     conn.deliver(out, 0, sub.rap and out.retain, self._sub_ids(sub.session, out.topic, sub))
@@ -686,9 +755,10 @@ class MQTTBroker:
             self.wake(s)
         for g in wake_groups:
             self.wake_group(g)
-        for it, code in zip(items, codes):
-            if it.retain and code < 0x80:
-                await self._retain(it)
+        if retained:
+            for it, code in zip(items, codes):
+                if it.retain and code < 0x80:
+                    await self._retain(it)
         return codes
 
     # -- the processor's Router seam: messages sent by other doors (AMQP amq.topic, ...)
@@ -817,10 +887,31 @@ class MQTTBroker:
             self._deliver_lmq(s, conn, sub, cur, sub.lmq, offset, out)  # type: ignore[arg-type]
             cur.read = offset + 1
             return
-        if len(mem) < MEM_QUEUE_LIMIT and ((mem and mem[-1][0] + 1 == offset) or (not mem and cur.read == offset)):
-            mem.append((offset, out))
+        if (mem[-1][0] + 1 == offset) if mem else (cur.read == offset):
+            self._mem_push(cur, offset, out)
         s.pending[sub.lmq] = s.pending.get(sub.lmq, 0) + 1  # type: ignore[index]
         self.wake(s)
+
+    def _mem_push(self, cur: Cursor, offset: int, out: Outgoing) -> None:
+        """Keep a just-stored message for a session that is behind, within the byte budget."""
+        n = len(out.payload) + MEM_ENTRY_OVERHEAD
+        if self.mem_used + n > self.config.mem_queue_bytes:
+            return  # it stays in the store only; the pump reads it from there
+        cur.mem.append((offset, out))
+        cur.mem_bytes += n
+        self.mem_used += n
+
+    def _mem_popleft(self, cur: Cursor) -> tuple[int, Outgoing]:
+        item = cur.mem.popleft()
+        n = len(item[1].payload) + MEM_ENTRY_OVERHEAD
+        cur.mem_bytes -= n
+        self.mem_used -= n
+        return item
+
+    def _mem_clear(self, cur: Cursor) -> None:
+        self.mem_used -= cur.mem_bytes
+        cur.mem_bytes = 0
+        cur.mem.clear()
 
     def _deliver_lmq(self, s: Session, conn: "Connection", sub: Subscription | None, cur: Cursor, lmq: str,
                      off: int, out: Outgoing) -> None:
@@ -832,14 +923,17 @@ class MQTTBroker:
             return
         q = out.qos if sub is None or sub.qos >= out.qos else sub.qos
         retain = bool(sub is not None and sub.rap and out.retain)
-        sids = self._sub_ids(s, out.topic, sub) if sub is not None else None
+        sids = self._sub_ids(s, out.topic, sub) if sub is not None and s.has_sub_ids else None
         if q == 0:
             conn.deliver(out, 0, retain, sids)
             cur.ack(off)
             return
         pid = s.alloc_pid()
         s.inflight[pid] = Inflight(out, q, lmq, off, None, sids)
-        conn.send_publish(out, q, retain, False, pid, sids)
+        if conn.version != C.MQTT_5:  # no properties, no packet size limit: the short way
+            conn.send(encode_publish(out.tb, out.payload, q, retain, False, pid, None))
+        else:
+            conn.send_publish(out, q, retain, False, pid, sids)
 
     async def _pump(self, s: Session) -> None:
         """Feed a connected session from its LMQs: in-memory queue first, then the store."""
@@ -859,15 +953,23 @@ class MQTTBroker:
                         continue
                     sub = self._sub_of_lmq(s, lmq)
                     mem = cur.mem
-                    while mem and room > 0:
-                        off, out = mem.popleft()
-                        if off != cur.read:  # pragma: no cover - defensive: fall back to the store
-                            mem.clear()
-                            cur.must_pull = True
-                            break
-                        self._deliver_lmq(s, conn, sub, cur, lmq, off, out)
-                        cur.read = off + 1
-                        room -= 1
+                    if mem and room > 0:
+                        took = 0
+                        freed = 0
+                        while mem and took < room:
+                            off, out = mem.popleft()
+                            freed += len(out.payload) + MEM_ENTRY_OVERHEAD
+                            if off != cur.read:  # pragma: no cover - defensive: fall back to the store
+                                mem.clear()
+                                freed = cur.mem_bytes
+                                cur.must_pull = True
+                                break
+                            self._deliver_lmq(s, conn, sub, cur, lmq, off, out)
+                            cur.read = off + 1
+                            took += 1
+                        cur.mem_bytes -= freed
+                        self.mem_used -= freed
+                        room -= took
                         progressed = True
                     if room <= 0:
                         break
@@ -895,9 +997,9 @@ class MQTTBroker:
                             cur.read = off + 1
                         if mem and mem[0][0] < cur.read:
                             while mem and mem[0][0] < cur.read:
-                                mem.popleft()
+                                self._mem_popleft(cur)
                             if mem and mem[0][0] != cur.read:
-                                mem.clear()
+                                self._mem_clear(cur)
                         if msgs:
                             progressed = True
                             room -= len(msgs)
@@ -1138,7 +1240,7 @@ class MQTTBroker:
         self._dirty_sessions.add(s)
         s.dirty.update(s.cursors)
         for cur in s.cursors.values():
-            cur.mem.clear()  # an offline session reads from the store when it is back
+            self._mem_clear(cur)  # an offline session reads from the store when it is back
         # shared in-flight messages go back to the group at once
         for pid, f in list(s.inflight.items()):
             if f.receipt is not None:
@@ -1232,7 +1334,22 @@ class Connection:
         except MQTTProtocolError as e:
             pkts, err = e.packets, e
         if pkts:
-            self.inbox.extend(pkts)
+            if self._worker is None and not self.inbox and self.session is not None:
+                # Nothing is queued before them: a subscriber's PUBACKs are settled right
+                # here, without a task or a coroutine per packet (the delivery hot path).
+                i = 0
+                n = len(pkts)
+                while i < n and type(pkts[i]) is C.PubAck:
+                    self._on_puback(pkts[i])
+                    i += 1
+                if i:
+                    if self._freed and i == n and err is None:
+                        self._freed = False
+                        if not self.closed:
+                            self.broker.wake(self.session)
+                    pkts = pkts[i:]
+            if pkts:
+                self.inbox.extend(pkts)
         if err is not None:
             self.inbox.append(err)
         if self.inbox and self._worker is None:
@@ -1412,7 +1529,9 @@ class Connection:
         try:
             while inbox and not self.closed:
                 pkt = inbox.popleft()
-                if isinstance(pkt, C.Publish):
+                if type(pkt) is C.PubAck:
+                    self._on_puback(pkt)
+                elif isinstance(pkt, C.Publish):
                     batch = [pkt]
                     while inbox and len(batch) < 512 and type(inbox[0]) is C.Publish:
                         batch.append(inbox.popleft())
@@ -1473,11 +1592,7 @@ class Connection:
         if s is None:  # pragma: no cover - the decoder requires CONNECT first
             raise MQTTProtocolError(C.RC_PROTOCOL_ERROR, "packet before CONNECT")
         if t == C.PUBACK:
-            f = s.inflight.get(pkt.packet_id)
-            if f is not None and f.qos == 1:
-                del s.inflight[pkt.packet_id]
-                b.acked(s, f)
-                self._freed = True  # the pump is woken once the inbox is drained
+            self._on_puback(pkt)
         elif t == C.PUBREC:
             f = s.inflight.get(pkt.packet_id)
             if f is not None and f.qos == 2:
@@ -1513,6 +1628,16 @@ class Connection:
         elif t == C.AUTH:
             raise MQTTProtocolError(C.RC_PROTOCOL_ERROR, "AUTH without enhanced authentication")
 
+    def _on_puback(self, pkt: C.PubAck) -> None:
+        s = self.session
+        if s is None:  # pragma: no cover - the decoder requires CONNECT first
+            raise MQTTProtocolError(C.RC_PROTOCOL_ERROR, "packet before CONNECT")
+        f = s.inflight.get(pkt.packet_id)
+        if f is not None and f.qos == 1:
+            del s.inflight[pkt.packet_id]
+            self.broker.acked(s, f)
+            self._freed = True  # the pump is woken once the inbox is drained
+
     async def _on_disconnect(self, pkt: C.Disconnect) -> None:
         s = self.session
         assert s is not None
@@ -1536,54 +1661,52 @@ class Connection:
         assert s is not None
         v5 = self.version == C.MQTT_5
         items: list[C.Publish] = []
-        acks: list[C.Publish] = []
         cfg = self.broker.config
         for p in batch:
-            topic = p.topic
             props = p.properties
-            if props is not None and "topic_alias" in props:
-                alias = props["topic_alias"]
-                if alias > cfg.topic_alias_maximum:
-                    raise MQTTProtocolError(C.RC_TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
-                if topic:
-                    self.alias_in[alias] = topic
-                else:
-                    topic = self.alias_in.get(alias)  # type: ignore[assignment]
-                    if topic is None:
-                        raise MQTTProtocolError(C.RC_PROTOCOL_ERROR, f"unknown topic alias {alias}")
-            if v5 and props is not None and props.get("payload_format_indicator") == 1:
-                try:
-                    p.payload.decode("utf-8")
-                except UnicodeDecodeError:
-                    if p.qos:
-                        self.send(encode(C.PubAck(p.packet_id, C.RC_PAYLOAD_FORMAT_INVALID) if p.qos == 1 else
-                                         C.PubRec(p.packet_id, C.RC_PAYLOAD_FORMAT_INVALID), self.version))
-                    continue
+            if props is not None:  # v5 only
+                topic = p.topic
+                if "topic_alias" in props:
+                    alias = props["topic_alias"]
+                    if alias > cfg.topic_alias_maximum:
+                        raise MQTTProtocolError(C.RC_TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
+                    if topic:
+                        self.alias_in[alias] = topic
+                    else:
+                        topic = self.alias_in.get(alias)  # type: ignore[assignment]
+                        if topic is None:
+                            raise MQTTProtocolError(C.RC_PROTOCOL_ERROR, f"unknown topic alias {alias}")
+                        p.topic = topic  # resolved from a topic alias
+                if v5 and props.get("payload_format_indicator") == 1:
+                    try:
+                        p.payload.decode("utf-8")
+                    except UnicodeDecodeError:
+                        if p.qos:
+                            self.send(encode(C.PubAck(p.packet_id, C.RC_PAYLOAD_FORMAT_INVALID) if p.qos == 1 else
+                                             C.PubRec(p.packet_id, C.RC_PAYLOAD_FORMAT_INVALID), self.version))
+                        continue
             if p.qos == 2:
                 if p.packet_id in s.qos2_in:
                     self.send(encode(C.PubRec(p.packet_id), self.version))  # duplicate: stored already
                     continue
                 if len(s.qos2_in) >= cfg.receive_maximum and v5:
                     raise MQTTProtocolError(C.RC_RECEIVE_MAX_EXCEEDED, "receive maximum exceeded")
-            if topic is not p.topic:
-                p.topic = topic  # resolved from a topic alias
             items.append(p)
-            acks.append(p)
         if not items:
             return
         codes = await self.broker.publish(s.ctx, s.client_id, items)
         out: list[bytes] = []
         version = self.version
-        for p, code in zip(acks, codes):
-            if p.qos == 0:
+        for p, code in zip(items, codes):
+            qos = p.qos
+            if not qos:
                 continue
             if not v5:
                 if code >= 0x80:
                     raise MQTTProtocolError(code, "the message could not be stored")
                 code = 0
-            if p.qos == 1:
-                out.append(encode(C.PubAck(p.packet_id, code), version) if code else
-                           bytes((0x40, 2, p.packet_id >> 8, p.packet_id & 0xFF)))
+            if qos == 1:
+                out.append(encode(C.PubAck(p.packet_id, code), version) if code else _PUBACK(0x40, 2, p.packet_id))
             else:
                 if code < 0x80:
                     s.qos2_in.add(p.packet_id)

@@ -31,9 +31,9 @@ class Outgoing:
     __slots__ = ("topic", "tb", "payload", "qos", "retain", "props", "expiry_at", "_v5", "raw")
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, props: dict[str, Any] | None,
-                 expiry_at: int = 0) -> None:
+                 expiry_at: int = 0, tb: bytes | None = None) -> None:
         self.topic = topic
-        self.tb = topic.encode()
+        self.tb = topic.encode() if tb is None else tb  # the topic encoded (shared when the caller has it)
         self.payload = payload
         self.qos = qos
         self.retain = retain
@@ -80,7 +80,7 @@ class Subscription:
 class Cursor:
     """A session's progress through one LMQ: next offset to read, offsets in flight."""
 
-    __slots__ = ("read", "out", "done", "committed", "mem", "known_end", "must_pull")
+    __slots__ = ("read", "out", "done", "committed", "mem", "mem_bytes", "known_end", "must_pull")
 
     def __init__(self, read: int, must_pull: bool = False) -> None:
         self.read = read  # next offset to hand to the client
@@ -91,6 +91,7 @@ class Cursor:
         # a little behind need not read them back from the store: contiguous offsets
         # starting at ``read``, bounded; anything else is pulled from the store.
         self.mem: deque[tuple[int, Any]] = deque()
+        self.mem_bytes = 0  # what ``mem`` holds, as counted against the broker's budget
         self.known_end = read  # one past the highest offset known to be in the LMQ
         self.must_pull = must_pull  # the store may hold messages beyond what we know of
 
