@@ -167,3 +167,47 @@ def test_v5_session_expiry_and_expiry_on_disconnect(unimq_server, cfg: str) -> N
     raw.send(C.Disconnect(0, {"session_expiry_interval": 30}))
     got = raw.closed_by_server()
     assert got and isinstance(got[-1], C.Disconnect) and got[-1].reason_code == C.RC_PROTOCOL_ERROR
+
+
+def test_qos2_inbound_packet_ids_survive_restart(unimq_server, cfg: str) -> None:
+    """A QoS 2 message stored before a restart is not stored again when the client resends it.
+
+    The client saw no PUBREC (say), so after the restart it resends the PUBLISH with
+    DUP and the same packet id; the restored session remembers the id, answers PUBREC
+    without storing a second copy, and completes PUBREL/PUBCOMP with success (0x92,
+    packet identifier not found, if the id had been forgotten). The id is free again
+    after PUBCOMP: a new message with it is stored.
+    """
+    srv = start(unimq_server, cfg)
+    port = srv.ports["mqtt"]
+    watcher = Paho(port, "q2-watcher", clean=False)
+    watcher.subscribe("q2/#", qos=2)
+    dev = RawClient(port, C.MQTT_5)
+    expiry = {"session_expiry_interval": 3600}
+    assert not dev.connect("q2-dev", clean=False, properties=expiry).session_present
+    dev.send(C.Publish("q2/x", b"once", 2, packet_id=7))
+    rec = dev.recv_type(C.PubRec)
+    assert (rec.packet_id, rec.reason_code) == (7, 0)
+    assert watcher.get().payload == b"once"
+    watcher.disconnect()
+    dev.sock.close()
+
+    srv = restart(unimq_server, srv)
+    port = srv.ports["mqtt"]
+    dev = RawClient(port, C.MQTT_5)
+    assert dev.connect("q2-dev", clean=False, properties=expiry).session_present
+    dev.send(C.Publish("q2/x", b"once", 2, dup=True, packet_id=7))
+    rec = dev.recv_type(C.PubRec)
+    assert (rec.packet_id, rec.reason_code) == (7, 0)
+    dev.send(C.PubRel(7))
+    comp = dev.recv_type(C.PubComp)
+    assert (comp.packet_id, comp.reason_code) == (7, 0)
+    dev.send(C.Publish("q2/x", b"twice", 2, packet_id=7))
+    assert dev.recv_type(C.PubRec).reason_code == 0
+    dev.send(C.PubRel(7))
+    assert dev.recv_type(C.PubComp).reason_code == 0
+    dev.sock.close()
+    watcher = Paho(port, "q2-watcher", clean=False)
+    assert [m.payload for m in watcher.get_n(1)] == [b"twice"]
+    watcher.nothing(0.5)
+    watcher.disconnect()

@@ -326,6 +326,7 @@ class MQTTBroker:
                 s = Session(cid, d["v"], d["e"])
                 s.lmq_seq = d["n"]
                 s.disconnected_at = d["d"] or now
+                s.qos2_in = {int(pid) for pid in d.get("q", ()) if 0 < int(pid) < 65536}
                 for key, qos, nl, rap, rh, sid, lmq in d["s"]:
                     group, flt = parse_shared(key)
                     sub = Subscription(flt, qos, s, no_local=bool(nl), rap=bool(rap), rh=rh, sub_id=sid, lmq=lmq,
@@ -1614,6 +1615,8 @@ class Connection:
         elif t == C.PUBREL:
             if pkt.packet_id in s.qos2_in:
                 s.qos2_in.discard(pkt.packet_id)
+                if s.persistent:  # released before PUBCOMP: the id may be reused right after
+                    await b._save_session(s)
                 self.send(encode(C.PubComp(pkt.packet_id), self.version))
             else:
                 self.send(encode(C.PubComp(pkt.packet_id, C.RC_PACKET_ID_NOT_FOUND), self.version))
@@ -1697,6 +1700,7 @@ class Connection:
         codes = await self.broker.publish(s.ctx, s.client_id, items)
         out: list[bytes] = []
         version = self.version
+        qos2_stored = False
         for p, code in zip(items, codes):
             qos = p.qos
             if not qos:
@@ -1710,6 +1714,10 @@ class Connection:
             else:
                 if code < 0x80:
                     s.qos2_in.add(p.packet_id)
+                    qos2_stored = True
                 out.append(encode(C.PubRec(p.packet_id, code), version))
+        if qos2_stored and s.persistent:
+            # the ids awaiting PUBREL are durable before the PUBRECs go out (see session.py)
+            await self.broker._save_session(s)
         if out:
             self.send(b"".join(out))

@@ -4,11 +4,14 @@ Why this shape: the session is what outlives a connection (clean session 0 /
 session expiry > 0). Everything a session needs after a unimq restart is
 small and written through the processor's durable key-value store
 (``mqtt.sessions``: the subscriptions, their light message queues and the
-expiry); the messages themselves live in the store, in each QoS 1/2
+expiry, and the packet ids of inbound QoS 2 messages stored but not yet
+released by PUBREL); the messages themselves live in the store, in each QoS 1/2
 subscription's ``%LMQ%`` queue, and the session's progress through a queue is
-the processor's committed consumer offset (group ``mqtt``). In-flight packet
-ids, QoS 2 handshakes and the DUP bookkeeping are connection-era state kept in
-memory only, as MQTT allows.
+the processor's committed consumer offset (group ``mqtt``). Why the inbound
+QoS 2 ids: a client that did not see the PUBREC resends the PUBLISH (DUP) after
+a restart too, and only the remembered id tells that it is stored already
+(exactly once). Outbound in-flight packet ids and the DUP bookkeeping are
+connection-era state kept in memory only, as MQTT allows.
 """
 
 from __future__ import annotations
@@ -185,6 +188,7 @@ class Session:
                 "n": self.lmq_seq,
                 "d": self.disconnected_at or (0 if self.conn is not None else int(time.time() * 1000)),
                 "s": [s.to_json() for s in self.subs.values()],
+                "q": sorted(self.qos2_in),
             },
             separators=(",", ":"),
         ).encode()
