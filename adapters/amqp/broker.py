@@ -134,12 +134,14 @@ def _str_arg(args: dict[str, Any], name: str) -> str | None:
 class Lease:
     """A message of a queue: ready in the queue's buffer, or delivered and unacked."""
 
-    __slots__ = ("queue", "msg", "attempt", "tag", "consumer", "channel", "expires_at", "offset", "tmpl", "priority")
+    __slots__ = ("queue", "msg", "attempt", "tag", "consumer", "channel", "expires_at", "offset", "tmpl", "priority",
+                 "lane")
 
     def __init__(self, queue: "QueueState", msg: StoredMessage | Message, attempt: int, offset: int,
-                 tmpl: Any = None) -> None:
+                 lane: "Lane", tmpl: Any = None) -> None:
         self.queue = queue
         self.msg = msg
+        self.lane = lane
         self.priority = queue.priority_of(msg) if queue.max_priority else 0
         self.tmpl = tmpl  # (raw properties, exchange, routing key) for delivering it, or None: derive
         self.offset = offset  # the message's LMQ offset (requeue order, the durable cursor)
@@ -228,6 +230,93 @@ class PriorityBuffer:
         self.n += len(back)
 
 
+class Lane:
+    """A queue's messages stored by one broker: its part of the LMQ's offsets.
+
+    In merged mode there is one; in separated mode a publish is stored (and
+    its LMQ entry written) by whichever broker took it, each with its own
+    offsets. Per lane: what was enqueued, where spilling started, and for a
+    durable queue the cursor (floor, settled offsets above it, delivered
+    high-water mark).
+    """
+
+    __slots__ = ("broker", "enq_next", "spill_next", "floor", "settled", "jumps", "hw")
+
+    def __init__(self, broker: str) -> None:
+        self.broker = broker
+        self.enq_next = 0  # LMQ offset after the last message enqueued
+        self.spill_next: int | None = None  # first LMQ offset not held in memory (to read back)
+        self.floor = 0  # lowest LMQ offset not yet settled (acked, dead-lettered, dropped)
+        self.settled: set[int] = set()  # settled offsets above the floor (acked out of order)
+        self.jumps: dict[int, int] = {}  # settled ranges above the floor: start -> end (purge)
+        self.hw = 0  # LMQ offset after the highest one ever delivered (redelivered flag after a restart)
+
+    def settle(self, offset: int) -> None:
+        if offset == self.floor:
+            self._advance(offset + 1)
+        elif offset > self.floor:
+            self.settled.add(offset)
+
+    def settle_range(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        if start <= self.floor:
+            self._advance(max(end, self.floor))
+        else:
+            self.jumps[start] = max(end, self.jumps.get(start, 0))
+
+    def _advance(self, f: int) -> None:
+        settled = self.settled
+        jumps = self.jumps
+        while True:
+            if f in settled:
+                settled.discard(f)
+                f += 1
+                continue
+            if jumps:  # rare (a purge): a settled range covering f, or one left behind
+                hit = next((a for a, e in jumps.items() if a <= f < e or e <= f), None)
+                if hit is not None:
+                    f = max(f, jumps.pop(hit))
+                    if settled:
+                        settled.difference_update([o for o in settled if o < f])
+                    continue
+            break
+        self.floor = f
+
+    def is_settled(self, offset: int) -> bool:
+        if offset < self.floor or offset in self.settled:
+            return True
+        for a, e in self.jumps.items():
+            if a <= offset < e:
+                return True
+        return False
+
+    def to_json(self, full: bool) -> dict[str, Any]:
+        d: dict[str, Any] = {"f": self.floor, "h": self.hw}
+        s = self.settled
+        if s and (full or len(s) <= 4096):  # beyond that (rare: one old message held while
+            d["s"] = _ranges(sorted(s))     # thousands are acked) a crash may redeliver some
+        if self.jumps:
+            d["j"] = [[a, e] for a, e in self.jumps.items()]
+        return d
+
+    def restore(self, d: dict[str, Any], min_offset: int, max_offset: int) -> int:
+        """Resume from a saved cursor; returns how many messages are left to deliver."""
+        self.floor = max(int(d.get("f", 0)), min_offset)
+        self.hw = int(d.get("h", 0))
+        for a, e in d.get("s", ()):
+            self.settled.update(range(max(a, self.floor), e))
+        for a, e in d.get("j", ()):
+            if e > self.floor:
+                self.jumps[max(a, self.floor)] = e
+        self._advance(self.floor)
+        self.enq_next = max(max_offset, self.floor)
+        self.spill_next = self.floor if self.floor < self.enq_next else None
+        gone = len([o for o in self.settled if o < self.enq_next])
+        gone += sum(min(e, self.enq_next) - a for a, e in self.jumps.items() if a < self.enq_next)
+        return max(self.enq_next - self.floor - gone, 0)
+
+
 class QueueState:
     """One AMQP queue: its definition (durable in kv) and its runtime (consumers, buffer, pump)."""
 
@@ -269,15 +358,10 @@ class QueueState:
         self.store_empty = False  # nothing left to read back from the LMQ
         # a durable queue's cursor over its LMQ, saved in the kv state (see ``settle``)
         self.persist = durable and exclusive is None
-        self.floor = 0  # lowest LMQ offset not yet settled (acked, dead-lettered, dropped)
-        self.settled: set[int] = set()  # settled offsets above the floor (acked out of order)
-        self.jumps: dict[int, int] = {}  # settled ranges above the floor: start -> end (purge)
-        self.hw = 0  # LMQ offset after the highest one ever delivered (redelivered flag after a restart)
+        self.lanes: dict[str, Lane] = {}  # per broker holding part of the LMQ (one in merged mode)
         self.saving = False
         self.dirty = False
         self.mem_bytes = 0  # body bytes of the ready messages held
-        self.spill_next: int | None = None  # LMQ offset of the first message not held in memory
-        self.enq_next = 0  # LMQ offset after the last message enqueued
         self.returned: list[Lease] = []  # released leases to merge back in offset order
 
     # -- definition ---------------------------------------------------------------
@@ -433,84 +517,39 @@ class QueueState:
 
     # -- the durable cursor --------------------------------------------------------------
 
-    def settle(self, offset: int) -> None:
-        """A message left the queue for good: advance the floor past it (durable queues)."""
-        if not self.persist:
-            return
-        if offset == self.floor:
-            self._advance(offset + 1)
-        elif offset > self.floor:
-            self.settled.add(offset)
-        self.broker.save_cursor(self)
+    def lane(self, broker: str) -> "Lane":
+        ln = self.lanes.get(broker)
+        if ln is None:
+            ln = self.lanes[broker] = Lane(broker)
+        return ln
 
-    def settle_range(self, start: int, end: int) -> None:
-        if not self.persist or end <= start:
-            return
-        if start <= self.floor:
-            self._advance(max(end, self.floor))
-        else:
-            self.jumps[start] = max(end, self.jumps.get(start, 0))
-        self.broker.save_cursor(self)
+    def settle(self, lease: Lease) -> None:
+        """A message left the queue for good: advance its lane's floor past it (durable queues)."""
+        if self.persist:
+            lease.lane.settle(lease.offset)
+            self.broker.save_cursor(self)
 
-    def _advance(self, f: int) -> None:
-        settled = self.settled
-        jumps = self.jumps
-        while True:
-            if f in settled:
-                settled.discard(f)
-                f += 1
-                continue
-            if jumps:  # rare (a purge): a settled range covering f, or one left behind
-                hit = next((a for a, e in jumps.items() if a <= f < e or e <= f), None)
-                if hit is not None:
-                    f = max(f, jumps.pop(hit))
-                    if settled:
-                        settled.difference_update([o for o in settled if o < f])
-                    continue
-            break
-        self.floor = f
-
-    def is_settled(self, offset: int) -> bool:
-        if offset < self.floor or offset in self.settled:
-            return True
-        for a, e in self.jumps.items():
-            if a <= offset < e:
-                return True
-        return False
+    def spilling(self) -> bool:
+        return any(ln.spill_next is not None for ln in self.lanes.values())
 
     def cursor_key(self) -> str:
         return _SEP.join(("c", self.vhost.name, self.name))
 
     def cursor_json(self, full: bool = False) -> bytes:
-        d: dict[str, Any] = {"f": self.floor, "h": self.hw}
-        s = self.settled
-        if s and (full or len(s) <= 4096):  # beyond that (rare: one old message held while
-            d["s"] = _ranges(sorted(s))     # thousands are acked) a crash may redeliver some
-        if self.jumps:
-            d["j"] = [[a, e] for a, e in self.jumps.items()]
-        return json.dumps(d, separators=(",", ":")).encode()
+        return json.dumps({"l": {b: ln.to_json(full) for b, ln in self.lanes.items()}},
+                          separators=(",", ":")).encode()
 
-    def restore(self, raw: bytes | None, min_offset: int, max_offset: int) -> None:
-        """After a restart: the cursor saved in kv and the LMQ's offsets give the ready messages."""
-        d: dict[str, Any] = {}
+    def restore(self, raw: bytes | None, offsets: dict[str, tuple[int, int]]) -> None:
+        """After a restart: the cursor saved in kv and each broker's LMQ offsets give the ready messages."""
+        saved: dict[str, Any] = {}
         if raw:
             try:
-                d = json.loads(raw)
-            except ValueError:
+                saved = json.loads(raw).get("l", {})
+            except (ValueError, AttributeError):
                 log.warning("unreadable cursor of queue %r; redelivering it from its start", self.name)
-        self.floor = max(int(d.get("f", 0)), min_offset)
-        self.hw = int(d.get("h", 0))
-        for a, e in d.get("s", ()):
-            self.settled.update(range(max(a, self.floor), e))
-        for a, e in d.get("j", ()):
-            if e > self.floor:
-                self.jumps[max(a, self.floor)] = e
-        self._advance(self.floor)
-        self.enq_next = max(max_offset, self.floor)
-        self.spill_next = self.floor if self.floor < self.enq_next else None
-        gone = len([o for o in self.settled if o < self.enq_next])
-        gone += sum(min(e, self.enq_next) - a for a, e in self.jumps.items() if a < self.enq_next)
-        self.count = max(self.enq_next - self.floor - gone, 0)
+        self.count = 0
+        for b, (lo, hi) in offsets.items():
+            self.count += self.lane(b).restore(saved.get(b) or {}, lo, hi)
 
     # -- memory queue ----------------------------------------------------------------------
 
@@ -533,37 +572,39 @@ class QueueState:
         self.returned.append(lease)
 
     async def _pull_spill(self, n: int) -> int:
-        """Memory queue: read messages it did not hold back from its LMQ; returns how many it queued."""
+        """Read messages the queue did not hold back from its LMQ; returns how many it queued."""
         got = 0
         while got == 0:
-            start = self.spill_next
-            if start is None:
+            lane = next((ln for ln in self.lanes.values() if ln.spill_next is not None), None)
+            if lane is None:
                 self.store_empty = True
                 return 0
+            start = lane.spill_next
+            assert start is not None
             try:
                 r = await self.broker.processor.pull(self.broker.ctx, self.topic, 0, start,
-                                                     max(1, min(n, POP_BATCH)))
+                                                     max(1, min(n, POP_BATCH)), broker=lane.broker)
             except UnimqError:
                 log.exception("reading queue %r back from the store failed", self.name)
                 return 0
-            if self.deleted or self.spill_next != start:
+            if self.deleted or lane.spill_next != start:
                 return 0  # purged or deleted meanwhile
             buf = self.buffer
             check = self.persist
-            hw = self.hw
+            hw = lane.hw
             for m in r.messages:
                 off = m.queue_offset
-                if check and self.is_settled(off):
+                if check and lane.is_settled(off):
                     continue  # acked out of order before a restart
-                buf.append(Lease(self, m, 2 if off < hw else 1, off))
+                buf.append(Lease(self, m, 2 if off < hw else 1, off, lane))
                 self.mem_bytes += len(m.body)
                 got += 1
             nxt = max(r.next_offset, start)
             if not r.messages and nxt == start:
-                nxt = self.enq_next  # nothing readable there any more (retention): give up on the rest
+                nxt = lane.enq_next  # nothing readable there any more (retention): give up on the rest
                 self.count = max(self.count - (nxt - start), self.unacked + len(buf))
-            self.spill_next = nxt if nxt < self.enq_next else None
-            self.store_empty = self.spill_next is None
+            lane.spill_next = nxt if nxt < lane.enq_next else None
+        self.store_empty = not self.spilling()
         return got
 
     async def take_one(self) -> Lease | None:
@@ -596,22 +637,23 @@ class QueueState:
         self.count -= 1
         await self.broker.dead_letter(self, lease, "expired")
 
-    def on_enqueued(self, msg: Message, offset: int | None = None, tmpl: Any = None) -> None:
+    def on_enqueued(self, msg: Message, offset: int | None, broker: str, tmpl: Any = None) -> None:
         """A message was stored into this queue's LMQ (at ``offset``, when known)."""
         self.count += 1
         if msg.properties.get("amqp_expiration") is not None:
             self.per_message_ttl = True
+        lane = self.lanes.get(broker) or self.lane(broker)
         if offset is None:  # should not happen: read it (and what follows) back from the LMQ
-            offset = self.enq_next
-        if offset > self.enq_next and self.spill_next is None:
-            self.spill_next = self.enq_next  # messages the door did not see: read them back
-        if offset + 1 > self.enq_next:
-            self.enq_next = offset + 1
-        if self.spill_next is None:
+            offset = lane.enq_next
+        if offset > lane.enq_next and lane.spill_next is None:
+            lane.spill_next = lane.enq_next  # messages the door did not see: read them back
+        if offset + 1 > lane.enq_next:
+            lane.enq_next = offset + 1
+        if lane.spill_next is None:
             if len(self.buffer) >= MEM_LIMIT or self.mem_bytes >= MEM_BYTES:
-                self.spill_next = offset
+                lane.spill_next = offset
             else:
-                self.buffer.append(Lease(self, msg, 1, offset, tmpl))
+                self.buffer.append(Lease(self, msg, 1, offset, lane, tmpl))
                 self.mem_bytes += len(msg.body)
                 self.wake()
                 return
@@ -644,10 +686,13 @@ class QueueState:
             self.broker.ack_lease(lease)
             n += 1
         self.mem_bytes = 0
-        if self.spill_next is not None:
-            n += self.enq_next - self.spill_next
-            self.settle_range(self.spill_next, self.enq_next)
-            self.spill_next = None
+        for lane in self.lanes.values():
+            if lane.spill_next is not None:
+                n += lane.enq_next - lane.spill_next
+                if self.persist:
+                    lane.settle_range(lane.spill_next, lane.enq_next)
+                    self.broker.save_cursor(self)
+                lane.spill_next = None
         self.count = self.unacked
         return n
 
@@ -724,7 +769,7 @@ class AmqpBroker:
             if qs:
                 offsets = lmq_offsets(m, r)
                 for q in qs:
-                    q.on_enqueued(m, offsets.get(q.topic))
+                    q.on_enqueued(m, offsets.get(q.topic), getattr(r, "broker", ""))
 
     async def start(self) -> None:
         pencode.support_deprecated_rabbitmq(True)  # integers in tables as b/s/I/l, the types RabbitMQ sends
@@ -814,12 +859,31 @@ class AmqpBroker:
         for vh in self.vhosts.values():
             for q in vh.queues.values():
                 await self.processor.create_topic(self.ctx, q.topic, queues=1, exist_ok=True)
-                try:
-                    stats = await self.processor.describe_topic(self.ctx, q.topic)
-                    low, top = stats.queues[0].min_offset, stats.queues[0].max_offset
-                except (UnimqError, IndexError, AttributeError):
-                    low = top = 0
-                q.restore(cursors.get(q.cursor_key()), low, top)
+                raw = cursors.get(q.cursor_key())
+                q.restore(raw, await self._lmq_offsets(q, raw))
+
+    async def _lmq_offsets(self, q: QueueState, raw: bytes | None) -> dict[str, tuple[int, int]]:
+        """(min, max) offset of a queue's LMQ on every broker that holds part of it."""
+        brokers: set[str] = set()
+        try:
+            brokers.update((await self.processor.query_route(self.ctx, q.topic)).brokers)
+        except UnimqError:
+            pass
+        if raw:
+            try:
+                brokers.update(json.loads(raw).get("l", {}))
+            except (ValueError, AttributeError):
+                pass
+        out: dict[str, tuple[int, int]] = {}
+        for b in sorted(brokers):
+            try:
+                lo = await self.processor.query_offset(self.ctx, q.topic, 0, "begin", broker=b)
+                hi = await self.processor.query_offset(self.ctx, q.topic, 0, "end", broker=b)
+            except UnimqError as e:
+                log.warning("queue %r: offsets on broker %r unknown (%s); its part waits", q.name, b, e)
+                continue
+            out[b] = (lo, hi)
+        return out
 
     # ------------------------------------------------------------------ durable cursors
 
@@ -1018,7 +1082,7 @@ class AmqpBroker:
                     res = await self.send(self.ctx, [msg])
                     offsets = lmq_offsets(msg, res[0])
                     for t in targets:
-                        t.on_enqueued(msg, offsets.get(t.topic))
+                        t.on_enqueued(msg, offsets.get(t.topic), res[0].broker)
                     for t in targets:
                         await t.enforce_max_length()
         except UnimqError:
@@ -1034,7 +1098,7 @@ class AmqpBroker:
         """Remove a message from its queue for good (ack, no-ack delivery, drop, dead-letter)."""
         q = lease.queue
         if not q.deleted:
-            q.settle(lease.offset)
+            q.settle(lease)
 
     def release(self, lease: Lease) -> None:
         """Put a message back in its queue, at its position (nack/reject requeue, closed channel)."""

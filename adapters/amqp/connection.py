@@ -126,8 +126,9 @@ class Channel:
         conn.write(codec.encode_delivery(self.number, consumer.tag, tag, lease.attempt > 1, tmpl[1], tmpl[2],
                                          tmpl[0], m.body, conn.frame_max))
         q = lease.queue
-        if lease.offset >= q.hw:
-            q.hw = lease.offset + 1
+        lane = lease.lane
+        if lease.offset >= lane.hw:
+            lane.hw = lease.offset + 1
         if consumer.no_ack:
             q.count -= 1
             conn.broker.ack_lease(lease)
@@ -811,7 +812,7 @@ class AmqpConnection(asyncio.Protocol):
                 # the first extra-dispatch targets are these queues' LMQs, in this order
                 offs = r.extra_offsets
                 for i, q in enumerate(queues):
-                    q.on_enqueued(msg, offs[i] if i < len(offs) else None, tmpl)
+                    q.on_enqueued(msg, offs[i] if i < len(offs) else None, r.broker, tmpl)
                     if q.max_length is not None:
                         touched[q] = None
         for q in touched:
@@ -1093,8 +1094,9 @@ async def _basic_get(conn: AmqpConnection, ch: Channel, m: Any) -> None:
         return
     tag = ch.next_tag
     ch.next_tag += 1
-    if lease.offset >= q.hw:
-        q.hw = lease.offset + 1
+    lane = lease.lane
+    if lease.offset >= lane.hw:
+        lane.hw = lease.offset + 1
     if m.no_ack:
         q.count -= 1
         conn.broker.ack_lease(lease)
