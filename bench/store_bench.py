@@ -294,7 +294,11 @@ def _flush_note(store: MessageStore, acked: int) -> str:
     rounds = sum(getattr(fs, "sync_counts", ()) or ())
     if not rounds:
         return ""
-    return f"{acked / rounds:.0f} messages per fdatasync, {1e6 * fs.sync_seconds / rounds:,.0f} µs per fdatasync"
+    note = f"{acked / rounds:.0f} messages per fdatasync, {1e6 * fs.sync_seconds / rounds:,.0f} µs per fdatasync"
+    warm = getattr(fs, "warm_syncs", 0)
+    if warm:  # the warm-up's own pieces (zeros ahead of the writer), between group-commit rounds
+        note += f" (+ {warm} warm-up pieces of 1 MiB, {1e3 * fs.warm_seconds / warm:,.1f} ms each)"
+    return note
 
 
 def _sync_rows(ctx: Context, reps: int, seconds: float, seconds_1: float) -> list[Row]:

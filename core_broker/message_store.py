@@ -28,7 +28,10 @@ import os
 import secrets
 import shutil
 import threading
+import struct
 import time
+from array import array
+from itertools import repeat
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
@@ -76,6 +79,11 @@ _HEADER_SIZE = record.HEADER_SIZE
 _NOT_LINK = ~record.FLAG_LINK  # a put never stores the link bit (see record.encode)
 _time = time.time
 _get_running_loop = asyncio.get_running_loop
+# Commitlog warm-up (sync flush): keep this many bytes of written zeros ahead of the writer,
+# zero-filled in pieces of this size, one fdatasync each (see CommitLog.warm_step).
+WARM_LEAD = 16 << 20
+WARM_PIECE = 1 << 20
+_cq_run_structs: dict[int, struct.Struct] = {}  # n -> n consume-queue entries with tag hash 0
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
@@ -150,6 +158,7 @@ class MessageStore:
             snapshot=self._snapshot_write_pos,
             sync_commitlog=self.commitlog.sync,
             checkpoint=self._checkpoint,
+            warm=self._warm_step if self.config.warmup_enabled else None,
         )
         self._flush.start(self.commitlog.write_pos)
         self._running = True
@@ -249,6 +258,9 @@ class MessageStore:
 
     # ------------------------------------------------------------------ flush & checkpoint
 
+    def _warm_step(self) -> int | None:
+        return self.commitlog.warm_step(self._lock, WARM_LEAD, WARM_PIECE)
+
     def _snapshot_write_pos(self) -> int:
         with self._lock:
             return self.commitlog.write_pos
@@ -312,12 +324,11 @@ class MessageStore:
             pb = msg.protocol.encode()
             size = _HEADER_SIZE + len(tb) + len(pb) + len(body)
             pos = cl.write_pos
-            cur = cl.current
-            if cur is None or pos + size > cur.base + cur.size:
+            if pos + size > cl.limit:  # segment end, or a warm-up claim (see CommitLog.make_room)
                 if size > cl.segment_size:
                     raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
-                pos = cl.roll(size)
-                cur = cl.current
+                pos = cl.make_room(size)
+            cur = cl.current
             tail = _pack_fixed(
                 msg.flags & _NOT_LINK, msg.queue_id, qo, pos, msg.born_timestamp_ms or now, now, msg.delivery_time_ms, -1, 0,
                 msg.reconsume_times, len(tb), 0, 0, 0, 0, len(pb), 0, 0, 0, len(body),
@@ -348,13 +359,14 @@ class MessageStore:
         pos = cl.write_pos
         data = _encode(msg, qo, pos, now, dispatch)
         size = len(data)
-        cur = cl.current
-        if cur is None or pos + size > cur.base + cur.size:
+        if pos + size > cl.limit:
             if size > cl.segment_size:  # huge properties: no segment can hold the record
                 raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
-            pos = cl.roll(size)
-            data = _encode(msg, qo, pos, now, dispatch)
-            cur = cl.current
+            new_pos = cl.make_room(size)
+            if new_pos != pos:
+                pos = new_pos
+                data = _encode(msg, qo, pos, now, dispatch)
+        cur = cl.current
         off = pos - cur.base  # type: ignore[union-attr]
         cur.mm[off : off + size] = data  # type: ignore[union-attr]
         cur.dirty = True  # type: ignore[union-attr]
@@ -414,6 +426,8 @@ class MessageStore:
             raise StoreFullError("the data disk is nearly full; puts are refused until space is freed")
         if results is None:  # a caller's list keeps the results made before an exception
             results = []
+        if len(msgs) > 1 and self._put_plain_batch(msgs, now, results):
+            return results
         add = results.append
         cl = self.commitlog
         limit = self._max_size
@@ -422,7 +436,7 @@ class MessageStore:
         runs: dict[tuple[str, int], list] = {}  # (topic, queue) -> [cq, first queue offset, entries]
         start = pos = cl.write_pos
         cur = cl.current
-        end = cur.base + cur.size if cur is not None else -1
+        end = cl.limit  # the segment's end or a warm-up claim: no claim starts while we hold the lock
         last_topic = last_proto = None
         last_qid = 0
         run: list = []
@@ -439,7 +453,7 @@ class MessageStore:
                     add(self._put_locked(m, now))
                     start = pos = cl.write_pos
                     cur = cl.current
-                    end = cur.base + cur.size if cur is not None else -1
+                    end = cl.limit
                     continue
                 topic = m.topic
                 qid = m.queue_id
@@ -498,16 +512,94 @@ class MessageStore:
             raise
         return results
 
+    def _put_plain_batch(self, msgs: Sequence[Message], now: int, results: list[PutResult]) -> bool:
+        """The whole batch in one go when it is uniform and bare; False (nothing written) if not.
+
+        Uniform: one topic, queue, protocol, flags, delivery time and reconsume count;
+        bare: no tag, keys, properties, ids, host or extra queues (what producers of
+        bulk data send). Then records are encoded column-wise
+        (:func:`record.encode_plain_run`), written with one ``pwritev``, their queue
+        entries with one ``pack_into`` and the results built by C-level ``map``: about
+        half the Python time per message of the general loop below, which handles
+        every other batch and the rare one that crosses a segment or queue file.
+        """
+        m0 = msgs[0]
+        topic, qid, proto = m0.topic, m0.queue_id, m0.protocol
+        flags, delivery, reconsume = m0.flags, m0.delivery_time_ms, m0.reconsume_times
+        for m in msgs:  # inline attribute tests: several times cheaper than attrgetter tuples
+            if (m.extra_dispatch or m.keys or m.message_id or m.tag or m.message_group or m.properties
+                    or m.born_host or m.topic != topic or m.queue_id != qid or m.protocol != proto
+                    or m.flags != flags or m.delivery_time_ms != delivery or m.reconsume_times != reconsume):
+                return False
+        bodies = [m.body for m in msgs]
+        if max(map(len, bodies)) > self._max_size:
+            return False
+        cl = self.commitlog
+        cur = cl.current
+        cq = self._cqs.get((topic, qid)) or self._cq(topic, qid)
+        qo = cq.max_offset
+        n = len(msgs)
+        if cur is None or n > _IOV_MAX // 2:
+            return False
+        if qo >= cq.limit or cq._cur is None:
+            cq.ensure(qo)  # may raise StoreFullError: nothing written yet
+        if qo + n > cq.limit:
+            return False
+        born = array("q", [m.born_timestamp_ms or now for m in msgs])
+        pos = cl.write_pos
+        heads, positions, sizes = record.encode_plain_run(
+            topic.encode(), proto.encode(), flags & _NOT_LINK, qid, delivery, reconsume, now, qo, pos, bodies, born
+        )
+        end = positions[n]
+        if end > cl.limit:  # the segment's end (or a warm-up claim) comes first: the general loop
+            return False
+        iov: list = [None] * (2 * n)
+        iov[::2] = heads
+        iov[1::2] = bodies
+        off = pos - cur.base
+        try:
+            done = os.pwritev(cur.fd, iov, off)
+            if done != end - pos:  # a short write: copy the rest through the mapping
+                cur.mm[off + done : off + end - pos] = b"".join(iov)[done:]
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFullError("no space left on the data disk") from e
+            raise
+        del heads, iov
+        cur.dirty = True
+        cl.write_pos = end
+        st = _cq_run_structs.get(n)
+        if st is None:
+            st = struct.Struct("<" + "qi8x" * n)  # tag hash 0 = the 8 zero pad bytes
+            if len(_cq_run_structs) < 1024:
+                _cq_run_structs[n] = st
+        vals: list = [None] * (2 * n)
+        vals[::2] = positions[:n]
+        vals[1::2] = sizes
+        f = cq._cur
+        st.pack_into(f.mm, qo * 20 - f.base, *vals)  # type: ignore[union-attr]
+        f.dirty = True  # type: ignore[union-attr]
+        cq.max_offset = qo + n
+        ids = map((self._id_prefix.replace("%", "%%") + "%016X").__mod__, positions[:n])
+        results.extend(
+            map(_new_tuple, repeat(PutResult, n),
+                zip(repeat(PUT_OK), ids, repeat(qid), range(qo, qo + n), positions, sizes, repeat(())))
+        )
+        return True
+
     def _roll_batch(self, cur, start: int, pos: int, pending: list, runs: dict, size: int):
-        """Write what a batch has pending, then start the next segment for a ``size``-byte record."""
+        """Write what a batch has pending, then make room for a ``size``-byte record.
+
+        Room is the rest of the segment once a warm-up claim in the way is done, or
+        the next segment (see ``CommitLog.make_room``).
+        """
         if pending:
             self._write_pending(cur, start, pos, pending, runs)
         cl = self.commitlog
         if size > cl.segment_size:
             raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
-        pos = cl.roll(size)
-        cur = cl.current
-        return pos, cur, cur.base + cur.size
+        pos = cl.make_room(size)
+        return pos, cl.current, cl.limit
 
     def _write_pending(self, cur, start: int, end: int, pending: list, runs: dict) -> None:
         """Write a batch's records [start, end) into segment ``cur``, then their queue entries."""
@@ -703,8 +795,10 @@ class MessageStore:
             if not cl.fits(len(data)):
                 if len(data) > cl.segment_size:
                     raise MessageTooLargeError(f"a record of {len(data)} bytes does not fit a commitlog segment")
-                pos = cl.roll(len(data))
-                data = record.encode(link, qo, pos, now, dispatch, origin_offset, origin.store_size)
+                new_pos = cl.make_room(len(data))
+                if new_pos != pos:
+                    pos = new_pos
+                    data = record.encode(link, qo, pos, now, dispatch, origin_offset, origin.store_size)
             cl.write(data)
             th = self._tag_hash(origin.tag)
             cq.put(qo, pos, len(data), th)

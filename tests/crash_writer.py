@@ -72,9 +72,36 @@ def _digest(seed: int, seq: int) -> bytes:
     return hashlib.sha256(f"{seed}:{seq}".encode()).digest()
 
 
+PLAIN_TOPIC = "CrashPlain"
+PLAIN_BLOCK = 16  # seqs [16k, 16k+16) with k % 4 == 3 are bare messages, written as one batch
+
+
+def is_plain(seq: int) -> bool:
+    return (seq // PLAIN_BLOCK) % 4 == 3
+
+
+def seq_of(m) -> int:
+    """The sequence number a stored message was written for (bare ones carry it in the body)."""
+    if "seq" in m.properties:
+        return int(m.properties["seq"])
+    head = bytes(m.body[: m.body.index(b";")])
+    assert head.startswith(b"seq="), head
+    return int(head[4:])
+
+
 def expected(seed: int, seq: int) -> dict:
     """Every field of message ``seq`` (deterministic; the parent checks reads against it)."""
     d = _digest(seed, seq)
+    if is_plain(seq):  # bare and uniform per block: the store's plain-batch fast path
+        r = int.from_bytes(d[:8], "little")
+        head = f"seq={seq};".encode()
+        body = (head + d) * (r % 40 + 1)
+        return {
+            "topic": PLAIN_TOPIC, "queue_id": 0, "body": body[: len(head) + r % (len(body) - len(head) + 1)],
+            "tag": None, "keys": (), "properties": {}, "extra": (), "message_id": "", "message_group": None,
+            "born_host": "", "born_timestamp_ms": 1_700_000_000_000 + seq if r & 1 else 0,
+            "delivery_time_ms": 0, "protocol": "internal", "reconsume_times": 0,
+        }
     r = int.from_bytes(d[:8], "little")
     topic = TOPICS[r % len(TOPICS)]
     queue_id = (r >> 4) % QUEUES
@@ -197,9 +224,23 @@ def main() -> None:
     seqs = itertools.count(args.first_seq)
     seq_lock = threading.Lock()
 
+    blocks = itertools.count(args.first_seq // PLAIN_BLOCK + 1)
+
     def next_seqs(n: int) -> list[int]:
         with seq_lock:
-            return [next(seqs) for _ in range(n)]
+            out = []
+            while len(out) < n:
+                s = next(seqs)
+                if not is_plain(s):
+                    out.append(s)
+            return out
+
+    def next_plain_block() -> list[int]:
+        with seq_lock:
+            b = next(blocks)
+            while not is_plain(b * PLAIN_BLOCK):
+                b = next(blocks)
+            return list(range(b * PLAIN_BLOCK, (b + 1) * PLAIN_BLOCK))
 
     acker = Acker(args.count)
     errors: list[BaseException] = []
@@ -226,11 +267,27 @@ def main() -> None:
             errors.append(e)
             acker.done.set()
 
+    def plain_writer() -> None:
+        try:
+            while not acker.done.is_set():
+                batch = next_plain_block()
+                results = store.put_batch([make_message(seed, s) for s in batch])
+                for s, r in zip(batch, results):
+                    acker.ack(s, r)
+        except BaseException as e:
+            errors.append(e)
+            acker.done.set()
+
     async def async_task(i: int) -> None:
         n = 0
         while not acker.done.is_set():
             n += 1
-            if (i + n) % 9 == 0:
+            if (i + n) % 13 == 0:  # bare: put_async of a whole block at once (one drain group)
+                batch = next_plain_block()
+                results = await asyncio.gather(*(store.put_async(make_message(seed, s)) for s in batch))
+                for s, r in zip(batch, results):
+                    acker.ack(s, r)
+            elif (i + n) % 9 == 0:
                 batch = next_seqs(1 + n % 4)
                 results = await store.put_batch_async([make_message(seed, s) for s in batch])
                 for s, r in zip(batch, results):
@@ -251,6 +308,7 @@ def main() -> None:
 
     workers = [threading.Thread(target=single_writer, daemon=True) for _ in range(args.threads)]
     workers.append(threading.Thread(target=batch_writer, daemon=True))
+    workers.append(threading.Thread(target=plain_writer, daemon=True))
     workers.append(threading.Thread(target=async_writer, daemon=True))
     for w in workers:
         w.start()
