@@ -54,6 +54,7 @@ CASES_CONNECTED = {
     "second connect": C.encode(C.Connect("again")),
     "server-only packet": b"\x90\x03\x00\x01\x00",
     "oversized packet": b"\x30\x80\x80\x01",  # announces 16 KiB > mqtt_max_packet_size
+    "puback with packet id 0": b"\x40\x02\x00\x05\x40\x02\x00\x00",  # the PUBACK fast path's exit
 }
 EXPECTED_V5 = {
     "bad remaining length": C.RC_MALFORMED_PACKET,
@@ -63,6 +64,7 @@ EXPECTED_V5 = {
     "second connect": C.RC_PROTOCOL_ERROR,
     "server-only packet": C.RC_PROTOCOL_ERROR,
     "oversized packet": C.RC_PACKET_TOO_LARGE,
+    "puback with packet id 0": C.RC_MALFORMED_PACKET,
 }
 
 

@@ -1329,6 +1329,16 @@ class Connection:
         if self.closed:
             return
         self.last_rx = time.monotonic()
+        n = len(data)
+        if (not n & 3 and data[0] == 0x40 and self._worker is None and not self.inbox and self.session is not None
+                and not self.decoder.buffered and data[0::4] == b"\x40" * (n >> 2)
+                and data[1::4] == b"\x02" * (n >> 2)):
+            # Nothing but whole success PUBACKs (4 bytes each), nothing queued before them:
+            # what a subscriber sends back, read straight off the bytes.
+            done = self._on_pubacks(data)
+            if done == n:
+                return
+            data = data[done:]  # a packet id 0: the decoder says what is wrong with it
         try:
             pkts = self.decoder.feed(data)
             err = None
@@ -1630,6 +1640,31 @@ class Connection:
             await self._on_disconnect(pkt)
         elif t == C.AUTH:
             raise MQTTProtocolError(C.RC_PROTOCOL_ERROR, "AUTH without enhanced authentication")
+
+    def _on_pubacks(self, data: bytes) -> int:
+        """Settle a run of 4-byte PUBACKs (see :meth:`feed`), then wake the pump once.
+
+        Returns the bytes consumed: all of them, or up to a PUBACK with packet id 0
+        (malformed; left to the decoder)."""
+        s = self.session
+        assert s is not None
+        inflight = s.inflight
+        acked = self.broker.acked
+        freed = False
+        done = 0
+        for hi, lo in zip(data[2::4], data[3::4]):
+            pid = hi << 8 | lo
+            if not pid:
+                break
+            f = inflight.get(pid)
+            if f is not None and f.qos == 1:
+                del inflight[pid]
+                acked(s, f)
+                freed = True
+            done += 4
+        if freed and not self.closed:
+            self.broker.wake(s)
+        return done
 
     def _on_puback(self, pkt: C.PubAck) -> None:
         s = self.session
