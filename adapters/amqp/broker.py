@@ -343,6 +343,8 @@ class QueueState:
         if self.overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
             raise AmqpError(codec.PRECONDITION_FAILED, f"invalid arg 'x-overflow' for queue: {self.overflow!r}", 50, 10)
         self.topic = lmq_topic(vhost.name, name)
+        self.targets = (DispatchTarget(self.topic, 0),)  # a publish reaching only this queue
+        self.solo = [self]  # VHost.route's answer for the default exchange (never mutated)
         self.group = name
         self.consumers: list[Consumer] = []
         self.rr = 0
@@ -718,7 +720,7 @@ class VHost:
     def route(self, exchange: str, routing_key: str, headers: dict[str, Any] | None) -> list[QueueState]:
         if exchange == "":  # the default exchange: the queue named by the routing key (the hot path)
             q = self.queues.get(routing_key)
-            return [q] if q is not None else []
+            return q.solo if q is not None else []
         names = route(self.exchanges, exchange, routing_key, headers, self.queues.__contains__)
         qs = self.queues
         return [qs[n] for n in names if n in qs]

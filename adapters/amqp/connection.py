@@ -367,10 +367,16 @@ class AmqpConnection(asyncio.Protocol):
             self._backlog.extend(events)
             self._maybe_pause()
             return
+        publish = self._publish
+        content = codec.ContentReceived
         for i, ev in enumerate(events):
-            if self.state == "closed":
+            st = self.state
+            if st == "closed":
                 return
             try:
+                if type(ev) is content and st == "open":  # the hot path: a publish
+                    publish(ev)
+                    continue
                 if self._handle_sync(ev):
                     continue
             except AmqpError as e:
@@ -745,7 +751,8 @@ class AmqpConnection(asyncio.Protocol):
                     break
         topic, mqtt = vh.unified_topic(exname, rk)
         raw_props = ev.raw_props
-        msg = build_message(topic, mqtt, exname, rk, props, ev.raw_headers, body, [q.topic for q in queues],
+        targets = queues[0].targets if len(queues) == 1 else tuple(t for q in queues for t in q.targets)
+        msg = build_message(topic, mqtt, exname, rk, props, ev.raw_headers, body, targets,
                             raw_props)
         # what a delivery from memory sends: the properties exactly as published
         tmpl = (raw_props, exname, rk) if raw_props is not None else None

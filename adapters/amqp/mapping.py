@@ -163,10 +163,10 @@ def build_message(
     props: dict[str, Any],
     raw_headers: bytes | None,
     body: bytes,
-    queue_topics: list[str],
+    targets: tuple[DispatchTarget, ...],
     raw_props: bytes | None = None,
 ) -> Message:
-    """The unified message for one publish (protocol amqp), dispatched into ``queue_topics``.
+    """The unified message for one publish (protocol amqp), dispatched into ``targets`` (queues' LMQs).
 
     ``raw_props`` (the property block as received) keys a small cache of the
     property part: publishers repeat a few property sets, so most publishes
@@ -202,7 +202,7 @@ def build_message(
         keys=(mid,) if mid else (),
         properties=p,
         protocol="amqp",
-        extra_dispatch=[DispatchTarget(t, 0) for t in queue_topics],
+        extra_dispatch=targets,
     )
 
 
