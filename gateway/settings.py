@@ -130,6 +130,9 @@ class UnimqSettings:
     mqtt_server_keepalive: int = 0
     # Cap on an MQTT 5 session expiry interval, seconds (4294967295: never expires).
     mqtt_max_session_expiry: int = 4294967295
+    # Bytes of just-stored QoS 1/2 messages the MQTT door keeps in memory for sessions that
+    # are behind (delivered without a read back from the store); past it they are pulled.
+    mqtt_mem_queue_bytes: int = 64 * 1024 * 1024
     # gRPC door (RocketMQ 5 v2 protocol). TLS: both PEM files given -> the gRPC port
     # serves TLS only; both empty -> plaintext (the official clients' default).
     grpc_tls_cert: str = ""
