@@ -46,6 +46,16 @@ log = logging.getLogger("unimq.broker")
 DELAY_THRESHOLD_MS = 50
 
 
+def kv_version(low: int = 0) -> int:
+    """A door-state version: wall-clock milliseconds << 20 | ``low`` (a writer's tie-breaker).
+
+    Gateways and brokers on one cluster share a clock closely enough for last-writer-wins
+    between writes milliseconds apart; writes in the same millisecond are ordered by
+    ``low`` the same way on every broker, so copies converge.
+    """
+    return (int(time.time() * 1000) << 20) | (low & 0xFFFFF)
+
+
 @dataclass
 class QueueStats:
     queue_id: int
@@ -78,6 +88,8 @@ class BrokerController:
         # Small durable state for the doors (MQTT sessions and retained messages, AMQP
         # exchanges/queues/bindings, HTTP push subscriptions): journaled + snapshotted.
         self.kv: dict[str, dict[str, bytes]] = {}
+        self.kv_versions: dict[str, dict[str, int]] = {}  # tombstones of deleted entries too
+        self._kv_last = 0
         # Called when the broker creates a topic itself (retry and dead-letter topics).
         self.on_topics_changed: Callable[[], None] | None = None
         self.started = False
@@ -91,6 +103,9 @@ class BrokerController:
         self.timers.tracker = type(self.timers.tracker).from_json(state.get("timer"))
         self.transactions.load(state.get("txn"))
         self.kv = {ns: {k: base64.b64decode(v) for k, v in items.items()} for ns, items in state.get("kv", {}).items()}
+        # snapshots before versions: every entry is at version 0 (older than any versioned write)
+        self.kv_versions = state.get("kvv") or {ns: {k: 0 for k in items} for ns, items in self.kv.items()}
+        self._kv_last = max((v for items in self.kv_versions.values() for v in items.values()), default=0)
         replayed = 0
         for op, data in self.journal.replay(int(state.get("journal", 0))):
             if op == "kv":
@@ -150,6 +165,7 @@ class BrokerController:
             "timer": self.timers.tracker.to_json(),
             "txn": self.transactions.snapshot(),
             "kv": {ns: {k: base64.b64encode(v).decode() for k, v in items.items()} for ns, items in self.kv.items()},
+            "kvv": {ns: dict(items) for ns, items in self.kv_versions.items()},
             "ts": int(time.time() * 1000),
         }
 
@@ -216,25 +232,65 @@ class BrokerController:
 
     # ------------------------------------------------------------------ durable key-value state
 
-    def _apply_kv(self, d: dict) -> None:
+    # Every entry carries a version (a delete leaves a versioned tombstone) and a write
+    # older than what the entry holds is ignored: last writer wins. That is what lets
+    # separated gateways keep door state on every broker (see RemoteBrokerClient.kv_put)
+    # and read back the newest copy whichever brokers answer.
+
+    def _apply_kv(self, d: dict) -> bool:
+        ver = d.get("ver", 0)  # entries of older journals have none: they always applied
+        vers = self.kv_versions.setdefault(d["n"], {})
+        if "ver" in d and ver <= vers.get(d["k"], -1):
+            return False
+        vers[d["k"]] = ver
+        if ver > self._kv_last:
+            self._kv_last = ver
         ns = self.kv.setdefault(d["n"], {})
         if d["v"] is None:
             ns.pop(d["k"], None)
         else:
             ns[d["k"]] = base64.b64decode(d["v"])
+        return True
 
-    async def kv_put(self, namespace: str, key: str, value: bytes | None) -> None:
-        """Set (or with None delete) one entry; durable once this returns (under sync flush)."""
-        d = {"n": namespace, "k": key, "v": None if value is None else base64.b64encode(value).decode()}
+    def next_kv_version(self) -> int:
+        """A version newer than any this broker gave: milliseconds << 20 (see kv_version)."""
+        v = max(kv_version(), self._kv_last + 1)
+        self._kv_last = v
+        return v
+
+    async def kv_put(self, namespace: str, key: str, value: bytes | None, version: int | None = None) -> int:
+        """Set (or with None delete) one entry; durable once this returns (under sync flush).
+
+        ``version``: the writer's version of this write (None: a fresh one from this broker);
+        a write not newer than the entry's version is ignored. Returns the entry's version.
+        """
+        if version is None:
+            version = self.next_kv_version()
+        else:
+            self._kv_last = max(self._kv_last, version)
+        cur = self.kv_versions.get(namespace, {}).get(key, -1)
+        if version <= cur:
+            return cur
+        d = {"n": namespace, "k": key, "v": None if value is None else base64.b64encode(value).decode(), "ver": version}
         r = self.journal.append("kv", d)
         self._apply_kv(d)
         await self.store.wait_durable(r)
+        return version
 
     def kv_get(self, namespace: str, key: str) -> bytes | None:
         return self.kv.get(namespace, {}).get(key)
 
+    def kv_get_versioned(self, namespace: str, key: str) -> tuple[int, bytes | None]:
+        """(version, value): -1 for an entry never written, value None for a deleted one."""
+        return self.kv_versions.get(namespace, {}).get(key, -1), self.kv.get(namespace, {}).get(key)
+
     def kv_items(self, namespace: str) -> dict[str, bytes]:
         return dict(self.kv.get(namespace, {}))
+
+    def kv_items_versioned(self, namespace: str) -> dict[str, tuple[int, bytes | None]]:
+        """Every entry of ``namespace`` with its version, deleted ones (tombstones) included."""
+        vals = self.kv.get(namespace, {})
+        return {k: (v, vals.get(k)) for k, v in self.kv_versions.get(namespace, {}).items()}
 
     # ------------------------------------------------------------------ topics
 
@@ -286,6 +342,25 @@ class BrokerController:
     ) -> list[tuple[PutResult, str | None]]:
         """Store messages whose queue the caller chose. Returns (result, transaction id)."""
         now = int(time.time() * 1000)
+        if not transactional:
+            limit = now + DELAY_THRESHOLD_MS
+            for m in msgs:
+                if m.delivery_time_ms > limit:
+                    break
+            else:  # the common case: nothing to schedule, one store call for all
+                store = self.store
+                if len(msgs) == 1:
+                    r = store.put_nowait(msgs[0])
+                    if self._waiters:
+                        self._notify_sent(msgs)
+                    await store.wait_durable(r)
+                    return [(r, None)]
+                results = store.put_batch_nowait(msgs)
+                if self._waiters:
+                    self._notify_sent(msgs)
+                # written in order under the store lock: the last record ends furthest
+                await store.wait_durable(results[-1])
+                return [(r, None) for r in results]
         out: list[tuple[PutResult, str | None]] = []
         plain: list[Message] = []
         last: PutResult | None = None
@@ -306,13 +381,18 @@ class BrokerController:
             it = iter(results)
             out = [(next(it), None) if r is None else (r, t) for r, t in out]
             last = max((r for r, _ in out), key=lambda r: r.commitlog_offset + r.store_size)
-            for m in plain:
-                self.notify(m.topic)
-                for t in m.extra_dispatch:  # long polls on multi-dispatch queues wake too
-                    self.notify(t.topic)
+            if self._waiters:
+                self._notify_sent(plain)
         if last is not None:
             await self.store.wait_durable(last)
         return out
+
+    def _notify_sent(self, msgs: Sequence[Message]) -> None:
+        """Wake long polls on the topics just written (multi-dispatch queues too)."""
+        for m in msgs:
+            self.notify(m.topic)
+            for t in m.extra_dispatch:
+                self.notify(t.topic)
 
     async def end_transaction(self, transaction_id: str, commit: bool, source: str = "client") -> None:
         r = self.transactions.end(transaction_id, commit, source)
@@ -371,7 +451,9 @@ class BrokerController:
             # wake on arrival; re-poll at least every 500 ms (retries and in-place FIFO redelivery)
             await self._wait_arrival((topic, retry_topic(group, topic)), min(left, 0.5))
         for p in msgs:
-            p.message.properties = public_properties(p.message.properties)
+            m = p.message
+            if m.properties:
+                m.properties = public_properties(m.properties)
         return msgs
 
     async def ack(self, group: str, receipt_handle: str) -> None:
@@ -385,23 +467,14 @@ class BrokerController:
         """
         out: list[str | None] = []
         done: list[list] = []
-        names: dict[tuple[str, str], tuple[str, str]] = {}  # b64 (broker, topic) -> decoded, per call
+        inflight = self.pops._inflight
         for h in receipt_handles:
             try:
-                parts = h.split(".")
-                if len(parts) != 7 or parts[0] != "1":
-                    raise InvalidReceiptHandleError(f"malformed receipt handle {h[:64]!r}")
-                bt = names.get((parts[1], parts[2]))
-                if bt is None:
-                    rh = ReceiptHandle.decode(h)
-                    bt = names[(parts[1], parts[2])] = (rh.broker, rh.topic)
-                rh = ReceiptHandle(bt[0], bt[1], int(parts[3]), int(parts[4]), int(parts[5]), int(parts[6]))
-                c, _inf = self.pops._inflight(group, rh)
+                rh = ReceiptHandle.decode(h)  # base64 parts cached: cheap per handle
+                c, _inf = inflight(group, rh)
                 del c.inflight[rh.offset]
                 done.append([rh.topic, rh.queue_id, rh.offset])
                 out.append(None)
-            except ValueError:
-                out.append(InvalidReceiptHandleError.code)
             except UnimqError as e:
                 out.append(e.code)
         if done:

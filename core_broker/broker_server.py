@@ -5,7 +5,12 @@ permission with every configured nameserver and renews the lease by
 heartbeat; any topic change re-registers at once so routes follow quickly.
 Transaction checks flow the other way by polling: gateways ask
 ``poll_transaction_checks`` and hand each check to a producer they hold, so a
-broker never needs to know or dial its gateways.
+broker never needs to know or dial its gateways. A check taken by a gateway is
+in flight until the gateway reports its outcome (``transaction_check_outcome``):
+meanwhile the transaction is not checked again nor rolled back, and a check a
+stopping gateway could not deliver is not counted. While no gateway is connected
+(a broker started before its gateways, or a whole cluster stopping gateways
+first), the broker holds its checks rather than count checks nobody can receive.
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ log = logging.getLogger("unimq.broker_server")
 
 REMOTE_METHODS = [
     "ping", "set_perm", "create_topic", "update_topic", "delete_topic", "get_topic", "list_topics",
-    "describe_topic", "send", "end_transaction", "pop", "ack", "change_invisible", "forward_to_dlq", "pull",
+    "describe_topic", "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
     "commit_offset", "get_offset", "query_offset", "query_by_id", "query_by_key", "kv_put", "kv_get",
-    "kv_items", "poll_transaction_checks",
+    "kv_items", "kv_get_versioned", "kv_items_versioned", "poll_transaction_checks", "transaction_check_outcome",
 ]
 
 
@@ -48,14 +53,19 @@ class BrokerServer:
         self.perm = PERM_RW
         self.advertised_host = advertised_host
         self.address = ""
-        self._rpc = RpcServer(self, REMOTE_METHODS, f"broker {self.name}")
+        self._rpc = RpcServer(self, REMOTE_METHODS, f"broker {self.name}", on_connections=self._connections)
         self._heartbeat: asyncio.Task | None = None
         self._checks: asyncio.Queue[list[Any]] = asyncio.Queue(maxsize=10_000)
+        self._offered: set[str] = set()  # transactions with a check waiting in _checks
+        self._n_connections = 0  # open RPC connections (gateways)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         await self.controller.start()
+        # Checks go out through gateways: while none is connected (a broker starting before
+        # them, a whole cluster stopping gateways first), they would be counted unheard.
+        self.controller.transactions.hold_checks = self._no_gateway
         self.controller.set_transaction_checker(self._queue_check)
         self.controller.on_topics_changed = lambda: asyncio.ensure_future(self.register())
         h, p = await self._rpc.start(host, port)
@@ -148,6 +158,9 @@ class BrokerServer:
     async def ack(self, group, receipt_handle):
         await self.controller.ack(group, receipt_handle)
 
+    async def ack_batch(self, group, receipt_handles):
+        return await self.controller.ack_batch(group, receipt_handles)
+
     async def change_invisible(self, group, receipt_handle, invisible_ms):
         return await self.controller.change_invisible(group, receipt_handle, invisible_ms)
 
@@ -172,8 +185,8 @@ class BrokerServer:
     def query_by_key(self, topic, key, begin_ms=0, end_ms=2**62, max_count=32):
         return self.controller.query_by_key(topic, key, begin_ms, end_ms, max_count)
 
-    async def kv_put(self, namespace, key, value):
-        await self.controller.kv_put(namespace, key, value)
+    async def kv_put(self, namespace, key, value, version=None):
+        return await self.controller.kv_put(namespace, key, value, version)
 
     def kv_get(self, namespace, key):
         return self.controller.kv_get(namespace, key)
@@ -181,14 +194,31 @@ class BrokerServer:
     def kv_items(self, namespace):
         return self.controller.kv_items(namespace)
 
+    def kv_get_versioned(self, namespace, key):
+        return list(self.controller.kv_get_versioned(namespace, key))
+
+    def kv_items_versioned(self, namespace):
+        return {k: list(v) for k, v in self.controller.kv_items_versioned(namespace).items()}
+
     # ------------------------------------------------------------------ transaction checks
 
+    def _connections(self, n: int) -> None:
+        self._n_connections = n
+
+    def _no_gateway(self) -> bool:
+        # only while checks go out through gateways (a merged node's own processor may
+        # have put its checker in place of this one)
+        return self._n_connections == 0 and self.controller.transactions.checker == self._queue_check
+
     async def _queue_check(self, topic: str, producer_group: str, msg: StoredMessage, tid: str) -> bool:
+        if tid in self._offered:
+            return True  # the previous check still waits for a gateway: counted, not repeated
         try:
             self._checks.put_nowait([topic, producer_group, msg, tid])
-            return True
         except asyncio.QueueFull:
             return False
+        self._offered.add(tid)
+        return True
 
     async def poll_transaction_checks(self, wait_ms: int = 10_000) -> list[list[Any]]:
         """Checks for a gateway to hand to producers: [[topic, producer group, message, tid], ...]."""
@@ -199,4 +229,13 @@ class BrokerServer:
             return out
         while not self._checks.empty() and len(out) < 256:
             out.append(self._checks.get_nowait())
+        for c in out:  # each comes back through transaction_check_outcome
+            self._offered.discard(c[3])
+            self.controller.transactions.check_in_flight(c[3])
         return out
+
+    def transaction_check_outcome(self, transaction_id: str, delivered: bool) -> None:
+        """A gateway tells what became of a check it took: it counts (``delivered``: it reached
+        a producer, or the gateway had none to ask) or it was lost on the way (the gateway is
+        stopping) and the broker checks again."""
+        self.controller.transactions.check_outcome(transaction_id, delivered)

@@ -26,9 +26,11 @@ from .config import BrokerConfig
 from .journal import Journal
 from .message_store import MessageFilter, MessageStore
 from .model import GetStatus, PutResult, StoredMessage
-from .receipt import InvalidReceiptHandleError, ReceiptHandle
+from .receipt import InvalidReceiptHandleError, ReceiptHandle, handle_prefix
 from .system_topics import P_ORIGIN_TOPIC, dlq_topic, is_system_topic, retry_topic
 from .timer_service import TimerService
+
+_tuple_new = tuple.__new__
 
 WAITING_LIMIT = 2048  # FIFO: messages parked behind busy groups before the queue stops advancing
 
@@ -146,11 +148,12 @@ class PopService:
     def _deliver(
         self, group: str, topic: str, qid: int, m: StoredMessage, inf: Inflight
     ) -> PoppedMessage:
-        rh = ReceiptHandle(self.broker, topic, qid, m.queue_offset, inf.version, inf.visible_at).encode()
+        rh = f"{handle_prefix(self.broker, topic)}{qid}.{m.queue_offset}.{inf.version}.{inf.visible_at}"
         heapq.heappush(self._heap, (inf.visible_at, group, topic, qid, m.queue_offset, inf.version))
-        origin = m.properties.get(P_ORIGIN_TOPIC)
-        if origin and topic.startswith("%RETRY%"):
-            m.topic = origin  # a retried message is delivered as a message of its own topic
+        if topic.startswith("%RETRY%"):
+            origin = m.properties.get(P_ORIGIN_TOPIC)
+            if origin:
+                m.topic = origin  # a retried message is delivered as a message of its own topic
         m.reconsume_times = inf.attempt - 1
         return PoppedMessage(m, rh, inf.attempt, inf.visible_at)
 
@@ -164,11 +167,26 @@ class PopService:
             c.next = r.next_offset
         out = []
         entries = []
-        for m in r.messages:
-            inf = Inflight(visible_at, m.reconsume_times + 1, 1, None)
-            c.inflight[m.queue_offset] = inf
-            out.append(self._deliver(group, topic, qid, m, inf))
-            entries.append([m.queue_offset, inf.attempt, 1, None])
+        if not topic.startswith("%RETRY%"):
+            # the common case, _deliver inlined: the handle prefix looked up once per call
+            prefix = f"{handle_prefix(self.broker, topic)}{qid}."
+            inflight = c.inflight
+            heap = self._heap
+            push = heapq.heappush
+            new = _tuple_new
+            for m in r.messages:
+                off = m.queue_offset
+                attempt = m.reconsume_times + 1
+                inflight[off] = Inflight(visible_at, attempt, 1, None)
+                push(heap, (visible_at, group, topic, qid, off, 1))
+                out.append(new(PoppedMessage, (m, f"{prefix}{off}.1.{visible_at}", attempt, visible_at)))
+                entries.append([off, attempt, 1, None])
+        else:
+            for m in r.messages:
+                inf = Inflight(visible_at, m.reconsume_times + 1, 1, None)
+                c.inflight[m.queue_offset] = inf
+                out.append(self._deliver(group, topic, qid, m, inf))
+                entries.append([m.queue_offset, inf.attempt, 1, None])
         if r.messages or r.status == GetStatus.NO_MATCHED_MESSAGE:
             c.next = max(c.next, r.next_offset)
         if c.next == start and not entries:
@@ -261,12 +279,10 @@ class PopService:
 
     def ack(self, group: str, receipt_handle: str) -> PutResult:
         rh = ReceiptHandle.decode(receipt_handle)
-        c, inf = self._inflight(group, rh)
-        if inf.visible_at <= now_ms() and not c.fifo:
-            # expired but not yet revived: still accept, the revive will find it gone
-            pass
+        c, _inf = self._inflight(group, rh)
+        # (an expired message not yet revived is still accepted: the revive finds it gone)
         del c.inflight[rh.offset]
-        return self.journal.append("ack", {"g": group, "t": rh.topic, "q": rh.queue_id, "o": rh.offset})
+        return self.journal.append_ack(group, rh.topic, rh.queue_id, rh.offset)
 
     def change_invisible(self, group: str, receipt_handle: str, invisible_ms: int) -> tuple[str, int, PutResult]:
         rh = ReceiptHandle.decode(receipt_handle)
@@ -275,7 +291,7 @@ class PopService:
         inf.visible_at = now_ms() + invisible_ms
         inf.released = invisible_ms == 0
         heapq.heappush(self._heap, (inf.visible_at, group, rh.topic, rh.queue_id, rh.offset, inf.version))
-        new = ReceiptHandle(self.broker, rh.topic, rh.queue_id, rh.offset, inf.version, inf.visible_at).encode()
+        new = f"{handle_prefix(self.broker, rh.topic)}{rh.queue_id}.{rh.offset}.{inf.version}.{inf.visible_at}"
         r = self.journal.append(
             "chg",
             {"g": group, "t": rh.topic, "q": rh.queue_id, "o": rh.offset, "v": inf.visible_at, "r": inf.version,

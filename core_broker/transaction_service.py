@@ -31,6 +31,18 @@ log = logging.getLogger("unimq.transaction")
 TransactionChecker = Callable[[str, str, StoredMessage, str], Awaitable[bool]]
 
 
+# How long a check handed to a gateway may stay without an outcome before it counts as
+# delivered (the gateway died with it); longer than a gateway waits for its producer.
+IN_FLIGHT_TIMEOUT_S = 60.0
+
+
+class TransactionCheckLostError(UnimqError):
+    """Raised by a checker whose check was accepted for a producer but lost on the way
+    (the gateway or door holding it stopped): the broker does not count that check."""
+
+    code = "TRANSACTION_CHECK_LOST"
+
+
 class TransactionNotFoundError(UnimqError):
     code = "INVALID_TRANSACTION_ID"
 
@@ -45,6 +57,9 @@ class HalfMessage:
     born_ms: int
     checks: int = 0
     last_check_ms: int = 0
+    # A check handed to a gateway whose outcome (reached a producer, or lost on the way)
+    # is not known yet: no new check and no rollback before it is (monotonic deadline).
+    in_flight_until: float = 0.0
 
 
 class TransactionService:
@@ -60,6 +75,9 @@ class TransactionService:
         self._checks: dict[int, int] = {}  # half offset -> checks made (snapshotted)
         self.checker: TransactionChecker | None = None
         self._task: asyncio.Task | None = None
+        # Asked before each round: true while nobody could receive checks (a separated
+        # broker with no gateway connected); checks then wait instead of being counted unheard.
+        self.hold_checks: Callable[[], bool] | None = None
 
     def transaction_id(self, phys: int) -> str:
         return f"{self.store.store_id}{phys:016X}"
@@ -153,12 +171,37 @@ class TransactionService:
     def uncount_check(self, transaction_id: str) -> None:
         """A check that never reached a producer (its queue died with a stop) does not count."""
         h = self.pending.get(transaction_id)
-        if h is None or h.checks <= 0:
+        if h is None:
+            return
+        h.in_flight_until = 0.0
+        if h.checks <= 0:
             return
         h.checks -= 1
         h.last_check_ms = 0
         self._checks[h.half_offset] = h.checks
         self.journal.append("tcheck", {"hq": h.half_offset, "n": h.checks})
+
+    def check_in_flight(self, transaction_id: str, timeout_s: float = IN_FLIGHT_TIMEOUT_S) -> None:
+        """A check left the broker (separated mode: a gateway took it to hand it to a producer).
+
+        Until :meth:`check_outcome` says what became of it (or ``timeout_s`` passes: the
+        gateway died, the check counts), the transaction is neither checked again nor rolled
+        back: a last check still on its way must not be overtaken by the rollback after
+        the maximum, nor counted when a stopping gateway could not deliver it.
+        """
+        h = self.pending.get(transaction_id)
+        if h is not None:
+            h.in_flight_until = time.monotonic() + timeout_s
+
+    def check_outcome(self, transaction_id: str, delivered: bool) -> None:
+        """What became of a check in flight: it reached (or could not find) a producer and
+        counts, or it was lost on the way (a gateway stopped with it) and does not."""
+        if delivered:
+            h = self.pending.get(transaction_id)
+            if h is not None:
+                h.in_flight_until = 0.0
+        else:
+            self.uncount_check(transaction_id)
 
     def message_of(self, transaction_id: str) -> StoredMessage | None:
         h = self.pending.get(transaction_id)
@@ -173,10 +216,17 @@ class TransactionService:
     async def check_round(self) -> None:
         """Ask producers about halves past the immunity; roll back those checked too often."""
         now = int(time.time() * 1000)
+        mono = time.monotonic()
+        if self.hold_checks is not None and self.hold_checks():
+            return
         cfg = self.config
         for tid, h in list(self.pending.items()):
             if now - h.born_ms < cfg.transaction_check_immunity_ms:
                 continue
+            if h.in_flight_until:
+                if mono < h.in_flight_until:
+                    continue  # the last check's outcome is not known yet
+                h.in_flight_until = 0.0
             if h.last_check_ms and now - h.last_check_ms < cfg.transaction_check_interval_ms:
                 continue
             if h.checks >= cfg.transaction_check_max:
@@ -195,6 +245,8 @@ class TransactionService:
             if checker is not None and msg is not None:
                 try:
                     await checker(h.topic, h.producer_group, msg, tid)
+                except TransactionCheckLostError:
+                    self.uncount_check(tid)
                 except Exception:
                     log.exception("transaction check callback failed for %s", tid)
 

@@ -18,7 +18,7 @@ from core_broker.broker_controller import BrokerController, TopicStats
 from core_broker.errors import BadRequestError
 from core_broker.model import FilterExpression, GetResult, Message, PutResult, StoredMessage
 from core_broker.pop_service import PoppedMessage
-from core_broker.topic_config import PERM_WRITE, TopicConfig
+from core_broker.topic_config import PERM_READ, PERM_WRITE, TopicConfig
 from core_broker.transaction_service import TransactionChecker
 
 
@@ -45,6 +45,15 @@ class TopicRoute:
         if w is None:
             w = self.__dict__["_writable"] = [q for q in self.queues if q.perm & PERM_WRITE]
         return w
+
+
+    @property
+    def readable_brokers(self) -> list[str]:
+        """Brokers holding at least one readable queue of the topic (sorted), computed once."""
+        r = self.__dict__.get("_readable")
+        if r is None:
+            r = self.__dict__["_readable"] = sorted({q.broker for q in self.queues if q.perm & PERM_READ})
+        return r
 
 
 class BrokerClient(Protocol):
@@ -116,16 +125,25 @@ class LocalBrokerClient:
         return self.broker
 
     # -- topics
-    async def route(self, topic: str) -> TopicRoute | None:
+    def route_nowait(self, topic: str) -> TopicRoute | None:
+        """The route without a coroutine (the processor's send path asks once per call).
+
+        Reused while the topic's config object is the same one (any change replaces it),
+        so callers may cache what they derive from a route by its identity.
+        """
         tc = self.broker.get_topic(topic)
         if tc is None:
             return None
-        # Reused while the topic's config object is the same one (any change replaces it).
         cached = self._routes.get(topic)
         if cached is not None and cached.config is tc:
             return cached
+        if len(self._routes) > 65536:  # topics come and go (LMQs): do not grow without bound
+            self._routes.clear()
         r = self._routes[topic] = TopicRoute(tc, [QueueRoute(self.name, q, tc.perm) for q in tc.queue_ids])
         return r
+
+    async def route(self, topic: str) -> TopicRoute | None:
+        return self.route_nowait(topic)
 
     async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
         return self.broker.create_topic(tc, exist_ok)
@@ -143,8 +161,10 @@ class LocalBrokerClient:
         return self.broker.describe_topic(name)
 
     # -- produce
-    async def send(self, broker, msgs, transactional, producer_group):
-        return await self._check(broker).send(msgs, transactional=transactional, producer_group=producer_group)
+    # The hot pass-throughs below are plain functions returning the controller's
+    # coroutine (one coroutine frame less per call); callers await them as before.
+    def send(self, broker, msgs, transactional, producer_group):
+        return self._check(broker).send(msgs, transactional=transactional, producer_group=producer_group)
 
     async def end_transaction(self, broker, transaction_id, commit, source):
         await self._check(broker).end_transaction(transaction_id, commit, source)
@@ -153,16 +173,16 @@ class LocalBrokerClient:
         self.broker.set_transaction_checker(checker)
 
     # -- pop
-    async def pop(self, broker, group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest):
-        return await self._check(broker).pop(
+    def pop(self, broker, group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest):
+        return self._check(broker).pop(
             group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest
         )
 
-    async def ack(self, broker, group, receipt_handle):
-        await self._check(broker).ack(group, receipt_handle)
+    def ack(self, broker, group, receipt_handle):
+        return self._check(broker).ack(group, receipt_handle)
 
-    async def ack_batch(self, broker, group, receipt_handles):
-        return await self._check(broker).ack_batch(group, receipt_handles)
+    def ack_batch(self, broker, group, receipt_handles):
+        return self._check(broker).ack_batch(group, receipt_handles)
 
     async def change_invisible(self, broker, group, receipt_handle, invisible_ms):
         return await self._check(broker).change_invisible(group, receipt_handle, invisible_ms)

@@ -10,6 +10,7 @@ and routing each call to the broker that owns the data.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -31,9 +32,9 @@ from core_broker.remoting.client import PeerUnavailableError
 from core_broker.filter import compile_filter
 from core_broker.model import DispatchTarget, FilterExpression, GetResult, Message, MessageType, StoredMessage
 from core_broker.pop_service import PoppedMessage
-from core_broker.receipt import ReceiptHandle
+from core_broker.receipt import InvalidReceiptHandleError, broker_of
 from core_broker.system_topics import RESERVED_PREFIX, is_lmq, is_system_topic
-from core_broker.topic_config import PERM_READ, TopicConfig, validate_topic_name
+from core_broker.topic_config import TopicConfig, validate_topic_name
 from core_broker.transaction_service import TransactionChecker
 
 from .auth import AllowAll, Authorizer
@@ -112,6 +113,36 @@ def message_type_of(msg: Message, transactional: bool) -> MessageType:
     return MessageType.NORMAL
 
 
+_tuple_new = tuple.__new__
+
+
+class _TopicPlan:
+    """One topic of a send call: its route, the message types it takes, and producer
+    load balancing (round robin over writable queues; a FIFO message group hashed to
+    one queue so the group stays in order)."""
+
+    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "rr")
+
+    def __init__(self, route: TopicRoute, rr: int) -> None:
+        self.route = route
+        mtype = route.config.message_type
+        self.accepts = frozenset(t.value for t in _ACCEPTS[mtype])
+        self.writable = route.writable
+        self.nw = len(self.writable)
+        self.fifo = mtype == MessageType.FIFO
+        self.rr = rr
+
+    def select(self, m: Message) -> QueueRoute:
+        nw = self.nw
+        if not nw:
+            raise NoWritableQueueError(f"topic {self.route.config.name!r} has no writable queue")
+        if self.fifo and m.message_group:
+            return self.writable[crc32c(m.message_group.encode()) % nw]
+        n = self.rr
+        self.rr = n + 1
+        return self.writable[n % nw]
+
+
 class MessagingProcessor:
     def __init__(
         self,
@@ -125,6 +156,8 @@ class MessagingProcessor:
         self.metrics = Metrics()
         self._rr = itertools.count()
         self._route_rr: dict[str, int] = {}
+        self._plans: dict[str, _TopicPlan] = {}
+        self._route_nowait = getattr(broker, "route_nowait", None)
         self._checkers: list[TransactionChecker] = []
         self._routers: list[Router] = []
 
@@ -161,9 +194,35 @@ class MessagingProcessor:
 
     @staticmethod
     def _broker_of_handle(receipt_handle: str) -> str:
-        return ReceiptHandle.decode(receipt_handle).broker
+        return broker_of(receipt_handle)
 
     # ------------------------------------------------------------------ send
+
+    def _plan_nowait(self, ctx: RequestContext, topic: str) -> "_TopicPlan | None":
+        """Everything a send needs about one topic, once per call; None when the route
+        is not at hand without a round trip (then :meth:`_send_plan`)."""
+        if topic[:1] == "%" and not is_lmq(topic):
+            raise BadRequestError(f"topic {topic!r} is reserved for the broker")
+        self.authorizer.check(ctx, "pub", topic)
+        nowait = self._route_nowait
+        route = nowait(topic) if nowait is not None else None
+        if route is None:
+            return None
+        return self._plan_for(topic, route)
+
+    async def _send_plan(self, ctx: RequestContext, topic: str) -> "_TopicPlan":
+        route = await self._route(ctx, topic, create=True)
+        return self._plan_for(topic, route)
+
+    def _plan_for(self, topic: str, route: TopicRoute) -> "_TopicPlan":
+        # Kept across calls while the broker client hands out the same route object
+        # (the round-robin position lives in the plan).
+        plan = self._plans.get(topic)
+        if plan is None or plan.route is not route:
+            if len(self._plans) > 65536:
+                self._plans.clear()
+            plan = self._plans[topic] = _TopicPlan(route, plan.rr if plan is not None else 0)
+        return plan
 
     async def send(
         self,
@@ -173,82 +232,186 @@ class MessagingProcessor:
         transactional: bool = False,
         producer_group: str = "",
     ) -> list[SendResult]:
-        """Send one message or a batch (all to one topic or several)."""
-        if not messages:
+        """Send one message or a batch (all to one topic or several).
+
+        Written as one flat loop on purpose (it is the hottest path of every door):
+        per topic of the call one route lookup, one authorization and one type table
+        (a :class:`_TopicPlan`); per message only the checks that depend on the message.
+        """
+        n = len(messages)
+        if not n:
             raise BadRequestError("nothing to send")
-        if len(messages) > self.config.max_batch:
+        if n > self.config.max_batch:
             raise BadRequestError(f"a batch holds at most {self.config.max_batch} messages")
-        routes: dict[str, TopicRoute] = {}
-        by_broker: dict[str, list[tuple[int, Message]]] = {}
-        topic_counts: dict[str, int] = {}
+        max_size = self.config.max_message_size
+        plans: dict[str, _TopicPlan] = {}
+        # per topic of the call: [plan, first round-robin position, messages so far, run length]
+        states: dict[str, list] = {}
+        st: list = []
+        plan: _TopicPlan | None = None
+        last_topic = None
         now = int(time.time() * 1000)
-        for i, m in enumerate(messages):
+        protocol = ctx.protocol
+        host = ctx.remote_address
+        routers = self._routers
+        brokers: list[str] = []  # per message: the broker its queue is on
+        one_broker: str | None = None
+        mixed = False
+        for m in messages:
             topic = m.topic
-            if is_system_topic(topic) and not is_lmq(topic):
-                raise BadRequestError(f"topic {topic!r} is reserved for the broker")
-            self.authorizer.check(ctx, "pub", topic)
-            if len(m.body) > self.config.max_message_size:
+            if topic is not last_topic:
+                st = states.get(topic)  # type: ignore[assignment]
+                if st is None:
+                    plan = self._plan_nowait(ctx, topic)
+                    if plan is None:
+                        plan = await self._send_plan(ctx, topic)
+                    plans[topic] = plan
+                    # a batch is spread over the queues in contiguous runs (n/queues each):
+                    # every queue gets its share, and the store writes each run at once
+                    st = states[topic] = [plan, plan.rr, 0, max(1, -(-n // max(plan.nw, 1)))]
+                plan = st[0]
+                last_topic = topic
+            body = m.body
+            if len(body) > max_size:
                 raise MessageTooLargeError(
-                    f"message body of {len(m.body)} bytes exceeds the limit of {self.config.max_message_size}"
+                    f"message body of {len(body)} bytes exceeds the limit of {max_size}"
                 )
-            route = routes.get(topic)
-            if route is None:
-                route = routes[topic] = await self._route(ctx, topic, create=True)
-            topic_counts[topic] = topic_counts.get(topic, 0) + 1
-            mtype = message_type_of(m, transactional)
-            if mtype not in _ACCEPTS[route.config.message_type]:
+            # the message's type as a plain string (a str hash is cached; an enum's is not)
+            if transactional:
+                mtype = "TRANSACTION"
+            elif m.message_group:
+                mtype = "FIFO"
+            elif m.delivery_time_ms:
+                mtype = "DELAY"
+            else:
+                mtype = "NORMAL"
+            if mtype not in plan.accepts:  # type: ignore[union-attr]
                 raise MessageTypeMismatchError(
-                    f"topic {topic!r} is a {route.config.message_type.value} topic and does not take "
-                    f"{mtype.value} messages"
+                    f"topic {topic!r} is a {plan.route.config.message_type.value} topic and does not take "  # type: ignore[union-attr]
+                    f"{mtype} messages"
                 )
-            if m.properties and any(k.startswith(RESERVED_PREFIX) for k in m.properties):
-                m.properties = {k: v for k, v in m.properties.items() if not k.startswith(RESERVED_PREFIX)}
+            props = m.properties
+            if props and any(k.startswith(RESERVED_PREFIX) for k in props):
+                m.properties = {k: v for k, v in props.items() if not k.startswith(RESERVED_PREFIX)}
             if m.protocol == "internal":
-                m.protocol = ctx.protocol
+                m.protocol = protocol
             if not m.born_host:
-                m.born_host = ctx.remote_address
+                m.born_host = host
             if not m.born_timestamp_ms:
                 m.born_timestamp_ms = now
-            if self._routers:
+            if routers:
                 self._route_extra(m)
-            q = self._select_queue(route, m)
+            if plan.fifo or not plan.nw:  # type: ignore[union-attr]
+                q = plan.select(m)  # type: ignore[union-attr]
+            else:  # round robin in runs, inline
+                j = st[2]
+                st[2] = j + 1
+                q = plan.writable[(st[1] + j // st[3]) % plan.nw]  # type: ignore[union-attr]
             m.queue_id = q.queue_id
-            by_broker.setdefault(q.broker, []).append((i, m))
-        results: list[SendResult | None] = [None] * len(messages)
+            b = q.broker
+            brokers.append(b)
+            if b != one_broker:
+                if one_broker is None:
+                    one_broker = b
+                else:
+                    mixed = True
+        for p, rr0, k, per in states.values():
+            if k:
+                p.rr = rr0 + -(-k // per)  # the next call starts at the next queue
+        results: list[SendResult] | None = None
         failed: set[str] = set()
+        if not mixed:  # the common case: every message of the call goes to one broker
+            try:
+                put = await self.broker.send(one_broker, messages, transactional, producer_group)
+            except (PeerUnavailableError, BrokerWriteBlockedError):
+                failed.add(one_broker)  # type: ignore[arg-type]  # regrouped below
+            else:
+                new = _tuple_new
+                if n == 1:
+                    m = messages[0]
+                    r, tid = put[0]
+                    results = [new(SendResult, (r[1], m.topic, one_broker, m.queue_id, r[3], tid, r[6]))]
+                else:
+                    results = [
+                        new(SendResult, (r[1], m.topic, one_broker, m.queue_id, r[3], tid, r[6]))
+                        for m, (r, tid) in zip(messages, put)
+                    ]
+        if results is None:
+            by_broker: dict[str, list[tuple[int, Message]]] = {}
+            for i, (m, b) in enumerate(zip(messages, brokers)):
+                by_broker.setdefault(b, []).append((i, m))
+            results = await self._send_grouped(by_broker, plans, transactional, producer_group, n, failed)
+        metrics = self.metrics
+        metrics.inc("messages_in", protocol, n)
+        if len(plans) == 1:
+            metrics.inc_topic("messages_in", protocol, last_topic, n)  # type: ignore[arg-type]
+        else:
+            counts: dict[str, int] = {}
+            for m in messages:
+                counts[m.topic] = counts.get(m.topic, 0) + 1
+            for topic, k in counts.items():
+                metrics.inc_topic("messages_in", protocol, topic, k)
+        for router in routers:
+            try:
+                router.after_send(messages, results)
+            except Exception:  # a door's live delivery must never fail a stored send
+                log.exception("router %r failed after a send", router)
+        return results
+
+    async def _send_grouped(
+        self,
+        by_broker: dict[str, list[tuple[int, Message]]],
+        plans: dict[str, "_TopicPlan"],
+        transactional: bool,
+        producer_group: str,
+        n: int,
+        failed: set[str],
+    ) -> list[SendResult]:
+        """Messages spread over several brokers, or a broker that failed: one call per broker,
+        all brokers at once, and a broker that is down or draining is replaced by the topic's
+        queues on the others."""
+        results: list[SendResult | None] = [None] * n
+        send = self.broker.send
+
+        async def to(broker: str, items: list[tuple[int, Message]]) -> list:
+            if broker in failed:
+                raise PeerUnavailableError(f"broker {broker!r} failed in this send")
+            return await send(broker, [m for _, m in items], transactional, producer_group)
+
         for attempt in range(3):
-            retry: dict[str, list[tuple[int, Message]]] = {}
-            for broker, items in by_broker.items():
+            groups = list(by_broker.items())
+            if len(groups) == 1:
                 try:
-                    put = await self.broker.send(broker, [m for _, m in items], transactional, producer_group)
-                except (PeerUnavailableError, BrokerWriteBlockedError):
-                    # separated mode: that broker is down or draining; the topic stays
-                    # writable through the queues of the others
+                    answers: list = [await to(*groups[0])]
+                except (PeerUnavailableError, BrokerWriteBlockedError) as e:
+                    answers = [e]
+            else:  # separated mode: the brokers' round trips overlap
+                answers = await asyncio.gather(*(to(b, items) for b, items in groups), return_exceptions=True)
+            lost: list[tuple[int, Message]] = []
+            for (broker, items), put in zip(groups, answers):
+                if isinstance(put, (PeerUnavailableError, BrokerWriteBlockedError)):
+                    # that broker is down or draining; the topic stays writable through
+                    # the queues of the others
                     failed.add(broker)
                     if attempt == 2:
-                        raise
-                    for i, m in items:
-                        route = routes[m.topic]
-                        alive = TopicRoute(route.config, [q for q in route.queues if q.broker not in failed])
-                        q = self._select_queue(alive, m)
-                        m.queue_id = q.queue_id
-                        retry.setdefault(q.broker, []).append((i, m))
+                        raise put
+                    lost += items
                     continue
+                if isinstance(put, BaseException):
+                    raise put
                 for (i, m), (r, tid) in zip(items, put):
                     results[i] = SendResult(
                         r.message_id, m.topic, broker, m.queue_id, r.queue_offset, tid, r.extra_offsets
                     )
-            if not retry:
+            if not lost:
                 break
-            by_broker = retry
-        self.metrics.inc("messages_in", ctx.protocol, len(messages))
-        for topic, n in topic_counts.items():
-            self.metrics.inc_topic("messages_in", ctx.protocol, topic, n)
-        for router in self._routers:
-            try:
-                router.after_send(messages, results)  # type: ignore[arg-type]
-            except Exception:  # a door's live delivery must never fail a stored send
-                log.exception("router %r failed after a send", router)
+            by_broker = {}
+            for i, m in lost:
+                route = plans[m.topic].route
+                alive = TopicRoute(route.config, [q for q in route.queues if q.broker not in failed])
+                q = self._select_queue(alive, m)
+                m.queue_id = q.queue_id
+                by_broker.setdefault(q.broker, []).append((i, m))
         return results  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ cross-protocol routing
@@ -342,12 +505,18 @@ class MessagingProcessor:
             raise BadRequestError("a consumer group is required")
         if filter_expression is not None:
             compile_filter(filter_expression)  # a bad expression is the caller's error, before any wait
-        route = await self._route(ctx, topic)
-        brokers = [b for b in route.brokers if any(q.perm & PERM_READ for q in route.queues if q.broker == b)]
+        nowait = self._route_nowait
+        route = nowait(topic) if nowait is not None else None
+        if route is None:
+            route = await self._route(ctx, topic)
+        brokers = route.readable_brokers
         if not brokers:
             return []
-        start = next(self._rr)
-        order = brokers[start % len(brokers) :] + brokers[: start % len(brokers)]
+        if len(brokers) == 1:
+            order = brokers
+        else:
+            start = next(self._rr) % len(brokers)
+            order = brokers[start:] + brokers[:start]
         out: list[PoppedMessage] = []
         # ask each broker without waiting first; long-poll the first one only if all are empty
         live: list[str] = []
@@ -393,37 +562,50 @@ class MessagingProcessor:
     async def ack_batch(
         self, ctx: RequestContext, group: str, topic: str, receipt_handles: Sequence[str]
     ) -> list[str | None]:
-        """Ack several messages at once (one journal record per broker where the broker client
-        supports it); returns per handle None or the error code it failed with."""
+        """Ack several messages at once: one broker call and one journal record per broker.
+
+        Returns, per handle, None or the error code it failed with (a bad or stale handle
+        does not fail the others).
+        """
         self.authorizer.check(ctx, "sub", topic)
         by_broker: dict[str, list[int]] = {}
-        names: dict[str, str] = {}  # encoded broker field of a handle -> broker name
         for i, h in enumerate(receipt_handles):
-            field = h.split(".", 2)[1] if h.count(".") >= 2 else ""
-            b = names.get(field)
-            if b is None:
-                try:
-                    b = names[field] = self._broker_of_handle(h)
-                except UnimqError:
-                    b = ""
-            by_broker.setdefault(b, []).append(i)
+            try:
+                b = broker_of(h)
+            except UnimqError:
+                b = ""
+            idx = by_broker.get(b)
+            if idx is None:
+                by_broker[b] = [i]
+            else:
+                idx.append(i)
         out: list[str | None] = [None] * len(receipt_handles)
-        for b, idx in by_broker.items():
-            hs = [receipt_handles[i] for i in idx]
-            batch = getattr(self.broker, "ack_batch", None)
-            if b and batch is not None:
+        batch = getattr(self.broker, "ack_batch", None)
+
+        async def settle(b: str, idx: list[int]) -> None:
+            if not b:
+                for i in idx:
+                    out[i] = InvalidReceiptHandleError.code
+                return
+            hs = receipt_handles if len(by_broker) == 1 else [receipt_handles[i] for i in idx]
+            if batch is not None:
                 res = await batch(b, group, hs)
             else:
                 res = []
                 for h in hs:
                     try:
-                        await self.broker.ack(self._broker_of_handle(h), group, h)
+                        await self.broker.ack(b, group, h)
                         res.append(None)
                     except UnimqError as e:
                         res.append(e.code)
             for i, r in zip(idx, res):
                 out[i] = r
-        self.metrics.inc("acks", ctx.protocol, sum(r is None for r in out))
+
+        if len(by_broker) == 1:
+            await settle(*next(iter(by_broker.items())))
+        else:  # one call per broker, all at once
+            await asyncio.gather(*(settle(b, idx) for b, idx in by_broker.items()))
+        self.metrics.inc("acks", ctx.protocol, out.count(None))
         return out
 
     async def change_invisible(

@@ -19,6 +19,7 @@ from typing import Any
 from core_broker.remoting.client import PeerUnavailableError, RpcClient
 from core_broker.errors import UnimqError
 from core_broker.remoting.wire import register_error, register_ext
+from core_broker.transaction_service import TransactionCheckLostError
 
 from . import auth, processor as _processor_module
 from .broker_client import QueueRoute, TopicRoute
@@ -41,11 +42,12 @@ register_ext(34, QueueRoute, lambda q: [q.broker, q.queue_id, q.perm], lambda f:
 register_ext(35, TopicRoute, lambda r: [r.config, r.queues], lambda f: TopicRoute(f[0], list(f[1])))
 
 PROCESSOR_METHODS = [
-    "send", "end_transaction", "pop", "ack", "change_invisible", "forward_to_dlq", "pull", "commit_offset",
-    "get_offset", "query_offset", "query_route", "create_topic", "update_topic", "delete_topic", "list_topics",
-    "describe_topic", "query_message_by_id", "query_messages_by_key", "kv_put", "kv_get", "kv_items",
-    "poll_transaction_checks",
+    "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
+    "commit_offset", "get_offset", "query_offset", "query_route", "create_topic", "update_topic", "delete_topic",
+    "list_topics", "describe_topic", "query_message_by_id", "query_messages_by_key", "kv_put", "kv_get", "kv_items",
+    "poll_transaction_checks", "confirm_transaction_checks",
 ]
+_OWN_METHODS = ("poll_transaction_checks", "confirm_transaction_checks")
 
 
 class ProcessorRpcFacade:
@@ -53,49 +55,98 @@ class ProcessorRpcFacade:
 
     Transaction checks reach remote callers by polling: the first
     ``poll_transaction_checks`` registers a checker that queues checks while
-    somebody has polled recently, so a remote producer can resolve them.
+    somebody has polled recently, so a remote producer can resolve them. A
+    queued check is delivered only once the producer confirms it ran its checker
+    (``done`` of its next poll, or ``confirm_transaction_checks``); until then the
+    broker holds the transaction as in flight. A check this gateway cannot deliver
+    because it stops is reported lost (:class:`TransactionCheckLostError`), and the
+    broker does not count it.
     """
 
     POLL_GRACE_S = 30.0
+    CONFIRM_TIMEOUT_S = 10.0  # a producer that took a check and went silent: it counts
 
     def __init__(self, processor: MessagingProcessor) -> None:
         for name in PROCESSOR_METHODS:
-            if name != "poll_transaction_checks":
+            if name not in _OWN_METHODS:
                 setattr(self, name, getattr(processor, name))
         self._processor = processor
         self._checks: dict[str, asyncio.Queue] = {}  # per namespace of the pollers
         self._last_poll: dict[str, float] = {}
+        self._waiting: dict[str, list[asyncio.Future]] = {}  # tid -> futures of checks handed out
         self._registered = False
+        self._closed = False
 
     async def _queue_check(self, topic: str, group: str, message: Any, tid: str) -> bool:
         ns = namespace_of(topic)
         q = self._checks.get(ns)
-        if q is None or time.monotonic() - self._last_poll.get(ns, 0.0) > self.POLL_GRACE_S:
+        if self._closed or q is None or time.monotonic() - self._last_poll.get(ns, 0.0) > self.POLL_GRACE_S:
             return False
+        fut = asyncio.get_running_loop().create_future()
         try:
-            q.put_nowait([unwrap(ns, topic), unwrap(ns, group), unwrap_result(ns, message), tid])
+            q.put_nowait(([unwrap(ns, topic), unwrap(ns, group), unwrap_result(ns, message), tid], fut))
         except asyncio.QueueFull:
             return False
-        return True
+        try:
+            async with asyncio.timeout(self.CONFIRM_TIMEOUT_S):
+                return await fut  # True once confirmed; TransactionCheckLostError when closing
+        except TimeoutError:
+            return False
+        finally:
+            futs = self._waiting.get(tid)
+            if futs is not None and fut in futs:
+                futs.remove(fut)
+                if not futs:
+                    del self._waiting[tid]
 
-    async def poll_transaction_checks(self, wait_ms: int = 10_000, namespace: str = "") -> list:
-        """Checks of transactions in ``namespace`` for a remote producer to resolve."""
+    def confirm_transaction_checks(self, transaction_ids: list[str]) -> None:
+        """A remote producer ran its checker for these checks (idempotent)."""
+        for tid in transaction_ids:
+            for fut in self._waiting.pop(tid, ()):
+                if not fut.done():
+                    fut.set_result(True)
+
+    async def poll_transaction_checks(
+        self, wait_ms: int = 10_000, namespace: str = "", done: list[str] | None = None
+    ) -> list:
+        """Checks of transactions in ``namespace`` for a remote producer to resolve; ``done``
+        confirms the checks of the previous poll."""
+        if done:
+            self.confirm_transaction_checks(done)
         if not self._registered:
             self._registered = True
             self._processor.add_transaction_checker(self._queue_check)
         q = self._checks.setdefault(namespace, asyncio.Queue(maxsize=10_000))
         self._last_poll[namespace] = time.monotonic()
-        out: list = []
+        items: list = []
         try:
             async with asyncio.timeout(wait_ms / 1000.0):
-                out.append(await q.get())
+                items.append(await q.get())
         except TimeoutError:
-            return out
+            return []
         finally:
             self._last_poll[namespace] = time.monotonic()
-        while not q.empty() and len(out) < 256:
-            out.append(q.get_nowait())
+        while not q.empty() and len(items) < 256:
+            items.append(q.get_nowait())
+        out = []
+        for check, fut in items:
+            if fut.done():  # its checker gave up waiting (timeout or close)
+                continue
+            self._waiting.setdefault(check[3], []).append(fut)
+            out.append(check)
         return out
+
+    def close(self) -> None:
+        """The gateway stops: every check not confirmed yet is lost (the broker checks again)."""
+        self._closed = True
+        lost = [f for futs in self._waiting.values() for f in futs]
+        self._waiting.clear()
+        for q in self._checks.values():
+            while not q.empty():
+                lost.append(q.get_nowait()[1])
+        for f in lost:
+            if not f.done():
+                f.set_exception(TransactionCheckLostError("the gateway stopped before the producer confirmed"))
 
 
 log = logging.getLogger("unimq.processor_rpc")
@@ -115,26 +166,63 @@ class RemoteProcessor:
         self._next = itertools.count()
         # A client bound to a namespace sees only its topics and groups (RocketMQ's namespaces).
         self.namespace = namespace
+        self._unconfirmed: dict[int, list[str]] = {}
+        self._acks: dict[tuple, list] = {}  # acks of this event-loop turn, per (ctx, group, topic)
 
     def __getattr__(self, name: str) -> Any:
         if name not in PROCESSOR_METHODS:
             raise AttributeError(name)
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            if self.namespace and args and isinstance(args[0], RequestContext):
-                args = (dataclasses.replace(args[0], namespace=self.namespace), *args[1:])
-            timeout = 30.0 + (kwargs.get("wait_ms") or 0) / 1000.0
-            start = next(self._next) if self.spread else self.preferred
-            last: Exception | None = None
-            for i in range(len(self.clients)):
-                client = self.clients[(start + i) % len(self.clients)]
-                try:
-                    return await client.call(name, *args, rpc_timeout=timeout, **kwargs)
-                except PeerUnavailableError as e:  # a gateway is stateless: try the next one
-                    last = e
-            raise last  # type: ignore[misc]
+            return await self._invoke(name, *args, **kwargs)
 
         return call
+
+    async def _invoke(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self.namespace and args and isinstance(args[0], RequestContext):
+            args = (dataclasses.replace(args[0], namespace=self.namespace), *args[1:])
+        timeout = 30.0 + (kwargs.get("wait_ms") or 0) / 1000.0
+        start = next(self._next) if self.spread else self.preferred
+        last: Exception | None = None
+        for i in range(len(self.clients)):
+            client = self.clients[(start + i) % len(self.clients)]
+            try:
+                return await client.call(name, *args, rpc_timeout=timeout, **kwargs)
+            except PeerUnavailableError as e:  # a gateway is stateless: try the next one
+                last = e
+        raise last  # type: ignore[misc]
+
+    async def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
+        """Acks with the same context, group and topic issued in one event-loop turn (a
+        consumer settling a popped batch concurrently) travel as one ``ack_batch`` call."""
+        key = (ctx, group, topic)
+        loop = asyncio.get_running_loop()
+        batch = self._acks.get(key)
+        if batch is None:
+            batch = self._acks[key] = []
+            loop.call_soon(self._flush_acks, key)
+        fut = loop.create_future()
+        batch.append((receipt_handle, fut))
+        if await fut is not None:  # that handle failed: ask alone for the typed error
+            await self._invoke("ack", ctx, group, topic, receipt_handle)
+
+    def _flush_acks(self, key: tuple) -> None:
+        batch = self._acks.pop(key, None)
+        if batch:
+            asyncio.ensure_future(self._send_acks(key, batch))
+
+    async def _send_acks(self, key: tuple, batch: list) -> None:
+        ctx, group, topic = key
+        try:
+            codes = await self._invoke("ack_batch", ctx, group, topic, [h for h, _ in batch])
+        except Exception as e:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        for (_, fut), code in zip(batch, codes):
+            if not fut.done():
+                fut.set_result(code)
 
     def set_transaction_checker(self, checker: Any) -> None:
         """Poll every gateway for transaction checks and hand them to ``checker``."""
@@ -144,13 +232,19 @@ class RemoteProcessor:
         self._pollers = [asyncio.ensure_future(self._poll(c)) for c in self.clients] if checker else []
 
     async def _poll(self, client: RpcClient) -> None:
+        # checks whose checker ran: confirmed with the next poll (or by stop())
+        done = self._unconfirmed.setdefault(id(client), [])
         while True:
             try:
-                checks = await client.call("poll_transaction_checks", 2_000, self.namespace, rpc_timeout=30.0)
+                checks = await client.call(
+                    "poll_transaction_checks", 2_000, self.namespace, list(done), rpc_timeout=30.0
+                )
             except PeerUnavailableError:
                 await asyncio.sleep(0.5)
                 continue
+            done.clear()  # the gateway took the confirmations with that poll
             for topic, group, message, tid in checks:
+                done.append(tid)  # before the call: a checker cancelled midway did run
                 try:
                     await self._checker(topic, group, message, tid)
                 except Exception:
@@ -160,7 +254,15 @@ class RemoteProcessor:
         return None
 
     async def stop(self) -> None:
-        for t in getattr(self, "_pollers", []):
+        pollers = getattr(self, "_pollers", [])
+        for t in pollers:
             t.cancel()
+        await asyncio.gather(*pollers, return_exceptions=True)
         for c in self.clients:
+            done = self._unconfirmed.pop(id(c), None)
+            if done:  # checks this producer ran whose confirmation the cancelled poll did not carry
+                try:
+                    await c.call("confirm_transaction_checks", done, rpc_timeout=2.0)
+                except Exception as e:  # the gateway then reports them lost; the broker checks again
+                    log.debug("could not confirm transaction checks: %s", e)
             await c.close()

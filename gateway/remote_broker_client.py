@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import Any
 
-from core_broker.broker_controller import QueueStats, TopicStats
+from core_broker.broker_controller import QueueStats, TopicStats, kv_version
 from core_broker.errors import TopicExistsError, TopicNotFoundError
 from core_broker.remoting.client import PeerUnavailableError, RpcClient
 from core_broker.topic_config import PERM_WRITE, TopicConfig
-from core_broker.transaction_service import TransactionChecker
+from core_broker.transaction_service import TransactionCheckLostError, TransactionChecker
 from nameserver.client import NameserverClient
 
 from .broker_client import QueueRoute, TopicRoute
 
 log = logging.getLogger("unimq.remote")
+
+KV_BROKERS_MAX_AGE_S = 3.0  # how stale the broker list door state is replicated over may be
 
 
 class RemoteBrokerClient:
@@ -43,6 +46,12 @@ class RemoteBrokerClient:
         self._checker: TransactionChecker | None = None
         self._pollers: dict[str, asyncio.Task] = {}
         self._broker_list: tuple[list[dict], float] = ([], 0.0)
+        self._check_tasks: set[asyncio.Task] = set()
+        self._acks: dict[tuple[str, str], list[tuple[str, asyncio.Future]]] = {}  # acks of this loop turn
+        self._ack_tasks: set[asyncio.Task] = set()
+        self._repairs: set[asyncio.Task] = set()
+        self._kv_writer = random.getrandbits(20)  # this gateway's tie-breaker (see kv_version)
+        self._kv_last = 0
 
     async def start(self) -> None:
         return None
@@ -51,6 +60,10 @@ class RemoteBrokerClient:
         for t in self._pollers.values():
             t.cancel()
         self._pollers.clear()
+        if self._check_tasks:  # checks being handed on report their outcome to their broker first
+            await asyncio.wait(list(self._check_tasks), timeout=10.0)
+        if self._repairs:
+            await asyncio.wait(list(self._repairs), timeout=2.0)
         for c in self._clients.values():
             await c.close()
         await self.ns.close()
@@ -94,9 +107,9 @@ class RemoteBrokerClient:
             self._isolated.pop(broker, None)  # it came back at a new address: try it at once
         self._addr[broker] = address
 
-    async def _brokers(self, refresh: bool = False) -> list[dict]:
+    async def _brokers(self, refresh: bool = False, max_age_s: float | None = None) -> list[dict]:
         cached, at = self._broker_list
-        if not refresh and cached and time.monotonic() - at < self.route_ttl_s:
+        if not refresh and cached and time.monotonic() - at < (self.route_ttl_s if max_age_s is None else max_age_s):
             return cached
         try:
             brokers = await self.ns.call_any("list_brokers")
@@ -251,7 +264,44 @@ class RemoteBrokerClient:
         )
 
     async def ack(self, broker, group, receipt_handle):
-        await self._call(broker, "ack", group, receipt_handle)
+        """Acks to one broker and group issued in the same event-loop turn (a door settling
+        a popped batch message by message, many consumers at once) travel as one
+        ``ack_batch`` call: one RPC and one journal record instead of one each."""
+        key = (broker, group)
+        batch = self._acks.get(key)
+        if batch is None:
+            batch = self._acks[key] = []
+            asyncio.get_running_loop().call_soon(self._flush_acks, key)
+        fut = asyncio.get_running_loop().create_future()
+        batch.append((receipt_handle, fut))
+        if await fut is not None:
+            # rare: that handle failed; ask once more alone for the broker's typed error
+            await self._call(broker, "ack", group, receipt_handle)
+
+    def _flush_acks(self, key: tuple[str, str]) -> None:
+        batch = self._acks.pop(key, None)
+        if batch:
+            t = asyncio.ensure_future(self._send_acks(key, batch))
+            self._ack_tasks.add(t)
+            t.add_done_callback(self._ack_tasks.discard)
+
+    async def _send_acks(self, key: tuple[str, str], batch: list[tuple[str, asyncio.Future]]) -> None:
+        broker, group = key
+        try:
+            codes = await self.ack_batch(broker, group, [h for h, _ in batch])
+        except BaseException as e:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e if isinstance(e, Exception) else PeerUnavailableError("cancelled"))
+            if not isinstance(e, Exception):
+                raise
+            return
+        for (_, fut), code in zip(batch, codes):
+            if not fut.done():
+                fut.set_result(code)
+
+    async def ack_batch(self, broker, group, receipt_handles):
+        return await self._call(broker, "ack_batch", group, list(receipt_handles))
 
     async def change_invisible(self, broker, group, receipt_handle, invisible_ms):
         return tuple(await self._call(broker, "change_invisible", group, receipt_handle, invisible_ms))
@@ -294,22 +344,81 @@ class RemoteBrokerClient:
         return out[:max_count]
 
     # ------------------------------------------------------------------ door state
+    #
+    # Door state (MQTT sessions and retained messages, AMQP definitions, HTTP push
+    # subscriptions) is replicated to every registered broker, each entry with a
+    # last-writer-wins version (see BrokerController.kv_put): a write goes to all brokers
+    # that answer (at least one must), a read asks all of them and returns the newest
+    # copy, writing it back to those that answered with an older one (read repair).
+    # So a read never depends on which broker answers: any broker that saw the latest
+    # write serves it, and a broker that was down catches up on the next read. What is
+    # not possible: reading a value whose every copy is on brokers that are all down.
 
-    async def _kv_broker(self) -> str:
-        """Door state lives on the first broker by name (documented limitation)."""
-        brokers = await self._brokers()
-        if not brokers:
+    def _kv_version(self) -> int:
+        v = max(kv_version(self._kv_writer), self._kv_last + 1)
+        self._kv_last = v
+        return v
+
+    async def _kv_brokers(self) -> list[str]:
+        # a broker that (re)joined gets its copies soon: the list is refreshed more often here
+        names = sorted(b["name"] for b in await self._brokers(max_age_s=KV_BROKERS_MAX_AGE_S))
+        live = [n for n in names if self._live(n)]
+        if not (live or names):
             raise PeerUnavailableError("no broker is registered")
-        return min(b["name"] for b in brokers)
+        return live or names
+
+    async def _kv_fanout(self, method: str, *args: Any) -> list[tuple[str, Any]]:
+        """Call every broker at once; (broker, answer) of those that answered (at least one)."""
+        names = await self._kv_brokers()
+        answers = await asyncio.gather(*(self._call(b, method, *args) for b in names), return_exceptions=True)
+        out = []
+        failure: BaseException | None = None
+        for b, a in zip(names, answers):
+            if isinstance(a, BaseException):
+                if not isinstance(a, PeerUnavailableError):
+                    raise a
+                failure = a
+            else:
+                out.append((b, a))
+        if not out:
+            raise failure or PeerUnavailableError("no broker answered")
+        return out
+
+    def _kv_repair(self, stale: list[str], namespace: str, key: str, version: int, value: bytes | None) -> None:
+        for b in stale:
+            t = asyncio.ensure_future(self._call(b, "kv_put", namespace, key, value, version))
+            self._repairs.add(t)
+            t.add_done_callback(self._repair_done)
+
+    def _repair_done(self, t: asyncio.Task) -> None:
+        self._repairs.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.debug("door state read repair failed: %s", t.exception())
 
     async def kv_put(self, namespace, key, value):
-        await self._call(await self._kv_broker(), "kv_put", namespace, key, value)
+        await self._kv_fanout("kv_put", namespace, key, value, self._kv_version())
 
     async def kv_get(self, namespace, key):
-        return await self._call(await self._kv_broker(), "kv_get", namespace, key)
+        answers = await self._kv_fanout("kv_get_versioned", namespace, key)
+        best_v, best = max((a for _, a in answers), key=lambda a: a[0])
+        if best_v >= 0:
+            self._kv_repair([b for b, a in answers if a[0] < best_v], namespace, key, best_v, best)
+        return best
 
     async def kv_items(self, namespace):
-        return await self._call(await self._kv_broker(), "kv_items", namespace)
+        answers = await self._kv_fanout("kv_items_versioned", namespace)
+        merged: dict[str, tuple[int, bytes | None]] = {}
+        for _, items in answers:
+            for k, (v, val) in items.items():
+                cur = merged.get(k)
+                if cur is None or v > cur[0]:
+                    merged[k] = (v, val)
+        for b, items in answers:
+            for k, (v, val) in merged.items():
+                have = items.get(k)
+                if have is None or have[0] < v:
+                    self._kv_repair([b], namespace, k, v, val)
+        return {k: val for k, (v, val) in merged.items() if val is not None}
 
     # ------------------------------------------------------------------ transaction checks
 
@@ -341,10 +450,26 @@ class RemoteBrokerClient:
                 await asyncio.sleep(2.0)
                 continue
             for topic, group, msg, tid in checks:
-                checker = self._checker
-                if checker is None:
-                    return
-                try:
-                    await checker(topic, group, msg, tid)
-                except Exception:
-                    log.exception("transaction check handler failed")
+                # each check on its own: a checker may wait for a remote producer to confirm
+                t = asyncio.ensure_future(self._deliver_check(broker, topic, group, msg, tid))
+                self._check_tasks.add(t)
+                t.add_done_callback(self._check_tasks.discard)
+
+    async def _deliver_check(self, broker: str, topic: str, group: str, msg: Any, tid: str) -> None:
+        """Hand one check to the processor's checkers, then tell the broker what became of it:
+        it counts unless it was lost on the way (this gateway is stopping)."""
+        delivered = True
+        checker = self._checker
+        try:
+            if checker is not None:
+                await checker(topic, group, msg, tid)
+            else:
+                delivered = False
+        except TransactionCheckLostError:
+            delivered = False
+        except Exception:
+            log.exception("transaction check handler failed")
+        try:
+            await self._call(broker, "transaction_check_outcome", tid, delivered, rpc_timeout=5.0)
+        except Exception as e:  # the broker is gone: it counts the check as delivered after a while
+            log.debug("could not report a transaction check's outcome to %s: %s", broker, e)

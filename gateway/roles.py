@@ -61,12 +61,14 @@ class ProcessorRpcDoor:
 
     def __init__(self, host: str, port: int, processor: MessagingProcessor) -> None:
         self.host, self.port = host, port
-        self.server = RpcServer(ProcessorRpcFacade(processor), PROCESSOR_METHODS, "processor")
+        self.facade = ProcessorRpcFacade(processor)
+        self.server = RpcServer(self.facade, PROCESSOR_METHODS, "processor")
 
     async def start(self) -> tuple[str, int]:
         return await self.server.start(self.host, self.port)
 
     async def stop(self) -> None:
+        self.facade.close()  # transaction checks not confirmed by a remote producer are lost
         await self.server.stop()
 
 

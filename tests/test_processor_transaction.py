@@ -219,11 +219,6 @@ async def test_commit_by_transaction_id_after_a_restart(processor, hard):
 
 @pytest.mark.parametrize("processor_options", [{"broker": {"transaction_check_max": 3}}], ids=["max3"])
 async def test_check_count_survives_a_restart(processor):
-    if processor.shape == "separated":
-        # Known gap (see the nameserver issue note): across a whole-cluster restart the
-        # check that was in flight between broker, gateway and the remote producer is
-        # sometimes counted but never delivered, so the third check does not arrive.
-        pytest.xfail("a transaction check in flight during a cluster restart can be lost")
     checker = Checker(processor)
     processor.set_transaction_checker(checker)
     await txn_topic(processor)

@@ -142,3 +142,58 @@ def test_write_blocked_broker_drains_without_loss(cluster):
         await rp.stop()
 
     asyncio.run(main())
+
+
+async def _broker_copy(cluster, broker: str, ns: str, key: str) -> list:
+    """(version, value) of a door-state entry as one broker holds it (asked directly)."""
+    client = RpcClient("127.0.0.1", cluster.brokers[broker].ports["broker"])
+    try:
+        return await client.call("kv_get_versioned", ns, key)
+    finally:
+        await client.close()
+
+
+def test_door_state_is_kept_on_every_broker_and_the_newest_copy_wins(cluster):
+    """Door state (retained messages, sessions, definitions) does not depend on which broker
+    answers: every broker holds a versioned copy, a read returns the newest one, a broker
+    that missed writes is repaired by reads, and a delete is not undone by a stale copy."""
+
+    async def main():
+        g1 = RemoteProcessor(cluster.gateway_rpc()[:1])
+        g2 = RemoteProcessor(cluster.gateway_rpc()[1:])
+        await g1.kv_put(CTX, "doors.test", "k", b"v1")
+        await g1.kv_put(CTX, "doors.test", "gone", b"x")
+        for b in ("broker-a", "broker-b"):
+            assert (await _broker_copy(cluster, b, "doors.test", "k"))[1] == b"v1"
+        assert await g2.kv_get(CTX, "doors.test", "k") == b"v1"
+
+        # the broker first by name dies (where door state used to live): nothing is lost
+        cluster.brokers["broker-a"].kill9()
+        assert await g2.kv_get(CTX, "doors.test", "k") == b"v1"
+        await g2.kv_put(CTX, "doors.test", "k", b"v2")  # written while broker-a is down
+        await g2.kv_put(CTX, "doors.test", "gone", None)
+        assert await g1.kv_items(CTX, "doors.test") == {"k": b"v2"}
+
+        # broker-a comes back with its old copies: reads return the newest and repair it
+        cluster.start_broker("broker-a")
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            assert await g1.kv_get(CTX, "doors.test", "k") == b"v2"
+            assert await g1.kv_items(CTX, "doors.test") == {"k": b"v2"}
+            if (await _broker_copy(cluster, "broker-a", "doors.test", "k"))[1] == b"v2" and (
+                await _broker_copy(cluster, "broker-a", "doors.test", "gone")
+            )[1] is None:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            raise AssertionError("broker-a was not repaired by reads")
+
+        # now only broker-a is left: it serves the newest state, the delete included
+        cluster.brokers["broker-b"].kill9()
+        assert await g2.kv_get(CTX, "doors.test", "k") == b"v2"
+        assert await g2.kv_get(CTX, "doors.test", "gone") is None
+        assert await g2.kv_items(CTX, "doors.test") == {"k": b"v2"}
+        await g1.stop()
+        await g2.stop()
+
+    asyncio.run(main())

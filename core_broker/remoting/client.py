@@ -81,16 +81,30 @@ class RpcClient:
             self._pending.clear()
 
     async def call(self, method: str, *args: Any, rpc_timeout: float | None = 60.0, **kwargs: Any) -> Any:
-        writer = await self._connect()
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            writer = await self._connect()
         call_id = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._pending[call_id] = fut
         writer.write(encode([REQUEST, call_id, method, list(args), kwargs]))
+        if rpc_timeout is None:
+            return await fut
+        # a timer handle rather than asyncio.wait_for: this is every RPC's path, and
+        # wait_for costs an extra future and callbacks per call
+        timer = loop.call_later(rpc_timeout, self._expire, call_id, method)
         try:
-            return await asyncio.wait_for(fut, rpc_timeout)
-        except asyncio.TimeoutError:
-            self._pending.pop(call_id, None)
-            raise PeerUnavailableError(f"{method} on {self.address} timed out") from None
+            return await fut
+        finally:
+            timer.cancel()
+            if fut.cancelled():
+                self._pending.pop(call_id, None)
+
+    def _expire(self, call_id: int, method: str) -> None:
+        fut = self._pending.pop(call_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(PeerUnavailableError(f"{method} on {self.address} timed out"))
 
     async def close(self) -> None:
         if self._reader_task is not None:

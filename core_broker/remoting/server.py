@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .codec import REQUEST, RESPONSE, FrameDecoder, FrameError, encode
 from .wire import error_to_wire
@@ -19,8 +19,14 @@ log = logging.getLogger("unimq.rpc")
 
 
 class RpcServer:
-    def __init__(self, target: Any, methods: Iterable[str], name: str = "rpc") -> None:
+    def __init__(
+        self, target: Any, methods: Iterable[str], name: str = "rpc",
+        on_connections: Callable[[int], None] | None = None,
+    ) -> None:
+        """``on_connections(n)`` runs whenever the number of open connections changes (a broker
+        learns whether any gateway is connected)."""
         self.target = target
+        self.on_connections = on_connections
         self.methods = {m: getattr(target, m) for m in methods}
         self.name = name
         self._server: asyncio.AbstractServer | None = None
@@ -45,6 +51,8 @@ class RpcServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._conns.add(task)  # type: ignore[arg-type]
+        if self.on_connections is not None:
+            self.on_connections(len(self._conns))
         decoder = FrameDecoder()
         pending: set[asyncio.Task] = set()
         try:
@@ -70,6 +78,8 @@ class RpcServer:
                 t.cancel()
             self._conns.discard(task)  # type: ignore[arg-type]
             writer.close()
+            if self.on_connections is not None:
+                self.on_connections(len(self._conns))
 
     async def _call(self, call_id: int, method: str, args: list, kwargs: dict, writer: asyncio.StreamWriter) -> None:
         fn = self.methods.get(method)
