@@ -25,7 +25,7 @@ from .json_file import read_json, write_json_atomic
 from .message_store import MessageStore
 from .model import FilterExpression, GetResult, GetStatus, Message, MessageType, PutResult, StoredMessage
 from .pop_service import PoppedMessage, PopService
-from .receipt import InvalidReceiptHandleError, ReceiptHandle
+from .receipt import ReceiptHandle
 from .system_topics import (
     DLQ_PREFIX,
     HALF_TOPIC,
