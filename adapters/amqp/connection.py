@@ -281,6 +281,7 @@ class AmqpConnection(asyncio.Protocol):
         self._hb_task: asyncio.Task[None] | None = None
         self._close_timer: asyncio.TimerHandle | None = None
         self._exclusive: set[QueueState] = set()
+        self._tmpls: dict[tuple[bytes, str, str], tuple[bytes, str, str]] = {}
 
     # ------------------------------------------------------------------ transport callbacks
 
@@ -755,7 +756,15 @@ class AmqpConnection(asyncio.Protocol):
         msg = build_message(topic, mqtt, exname, rk, props, ev.raw_headers, body, targets,
                             raw_props)
         # what a delivery from memory sends: the properties exactly as published
-        tmpl = (raw_props, exname, rk) if raw_props is not None else None
+        if raw_props is not None:
+            key = (raw_props, exname, rk)
+            tmpl = self._tmpls.get(key)
+            if tmpl is None:
+                if len(self._tmpls) >= 1024:
+                    self._tmpls.clear()
+                tmpl = self._tmpls[key] = key  # shared by the publishes that repeat it
+        else:
+            tmpl = None
         seq = None
         if ch.confirm:
             ch.pub_seq += 1

@@ -182,18 +182,22 @@ def build_message(
             _TEMPLATES[raw_props] = part
     if part is None:
         part = _props_part(props, raw_headers)
-    p: dict[str, str] = {}
-    if exchange:
-        p[P_EXCHANGE] = exchange
-    if len(routing_key) > TAG_MAX:
-        p[P_ROUTING_KEY] = routing_key
-        tag: str | None = routing_key[:TAG_MAX]
+    long_rk = len(routing_key) > TAG_MAX
+    tag: str | None = routing_key[:TAG_MAX] if long_rk else (routing_key or None)
+    if not exchange and not long_rk and mqtt_topic is None and raw_props is not None:
+        # nothing per message to add: messages share the (never mutated) property dict;
+        # whoever changes a message's properties assigns a new dict (the processor, dead-lettering)
+        p = part[0]
     else:
-        tag = routing_key or None
-    if part[0]:
-        p.update(part[0])
-    if mqtt_topic is not None:
-        p[P_MQTT_TOPIC] = mqtt_topic
+        p = {}
+        if exchange:
+            p[P_EXCHANGE] = exchange
+        if long_rk:
+            p[P_ROUTING_KEY] = routing_key
+        if part[0]:
+            p.update(part[0])
+        if mqtt_topic is not None:
+            p[P_MQTT_TOPIC] = mqtt_topic
     mid = part[1]
     return Message(
         topic,
