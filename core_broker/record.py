@@ -25,9 +25,7 @@ A BLANK record fills the unusable tail of a segment.
 from __future__ import annotations
 
 import struct
-from array import array
-from itertools import accumulate
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from crc32c import crc32c
 
@@ -153,71 +151,6 @@ def encode(
     )
     tail = b"".join((fixed, topic, host, mid, tag, group, proto, keys, props, dispatch, body))
     return _PACK_PREFIX(len(tail) + 12, MAGIC_MESSAGE, crc32c(tail)) + tail
-
-
-# Byte offsets inside a record of the fields a run of bare messages varies in (see the layout).
-_OFF_SIZE, _OFF_CRC = 0, 8
-_OFF_QO = PREFIX.size + struct.calcsize("<Ii")
-_OFF_PHYS = _OFF_QO + 8
-_OFF_BORN = _OFF_PHYS + 8
-_OFF_BODY_LEN = HEADER_SIZE - 4
-assert _OFF_QO % 8 == 4 and _OFF_SIZE % 4 == 0 and _OFF_CRC % 4 == 0 and _OFF_BODY_LEN % 4 == 0
-assert array("q").itemsize == 8 and array("I").itemsize == 4
-
-
-def encode_plain_run(
-    topic: bytes,
-    protocol: bytes,
-    flags: int,
-    queue_id: int,
-    delivery_ts: int,
-    reconsume_times: int,
-    store_ts: int,
-    first_queue_offset: int,
-    phys_offset: int,
-    bodies: Sequence[bytes],
-    born_ts: array,
-) -> tuple[list[memoryview], list[int], list[int]]:
-    """Encode a run of bare messages (no tag, keys, properties, ids, host or extra queues).
-
-    The same bytes as :func:`encode` gives each message, built for the whole run at
-    once: the heads are copies of one template in one buffer, and the fields that
-    differ (size, CRC, queue offset, position, born time, body length) are written
-    column by column through strided memoryview casts, so the per-message work left
-    in Python is C-level ``map`` calls (the CRC is still one per record, chained over
-    the head and the body, which is never copied). ``born_ts`` holds each message's
-    born time (0 already replaced). Returns (heads, positions, sizes): a record is
-    ``heads[i]`` followed by ``bodies[i]``, at ``positions[i]`` (``positions`` has
-    one more item: where the run ends).
-    """
-    n = len(bodies)
-    lt, lp = len(topic), len(protocol)
-    hsz = HEADER_SIZE + lt + lp
-    stride = (hsz + 7) & ~7  # heads 8-aligned in the buffer, so a field is a strided column
-    template = (
-        _PACK_PREFIX(0, MAGIC_MESSAGE, 0)
-        + _PACK_FIXED(flags, queue_id, 0, 0, 0, store_ts, delivery_ts, -1, 0, reconsume_times,
-                      lt, 0, 0, 0, 0, lp, 0, 0, 0, 0)
-        + topic + protocol + bytes(stride - hsz)
-    )
-    buf = bytearray(template * n)
-    blens = list(map(len, bodies))
-    sizes = list(map(hsz.__add__, blens))
-    positions = list(accumulate(sizes, initial=phys_offset))
-    total = stride * n
-    mv = memoryview(buf)
-    words = mv.cast("I")  # u32 cells from offset 0
-    quads = mv[4 : total - 4].cast("q")  # i64 cells from offset 4 (the i64 fields sit at 4 mod 8)
-    ws, qs = stride // 4, stride // 8
-    words[_OFF_SIZE // 4 :: ws] = array("I", sizes)
-    words[_OFF_BODY_LEN // 4 :: ws] = array("I", blens)
-    quads[(_OFF_QO - 4) // 8 :: qs] = array("q", range(first_queue_offset, first_queue_offset + n))
-    quads[(_OFF_PHYS - 4) // 8 :: qs] = array("q", positions[:n])
-    quads[(_OFF_BORN - 4) // 8 :: qs] = born_ts
-    crc = crc32c
-    words[_OFF_CRC // 4 :: ws] = array("I", [crc(b, crc(mv[i + 12 : i + hsz])) for i, b in zip(range(0, total, stride), bodies)])
-    heads = [mv[i : i + hsz] for i in range(0, total, stride)]
-    return heads, positions, sizes
 
 
 def encoded_size(msg: Message) -> int:

@@ -92,7 +92,7 @@ def seq_of(m) -> int:
 def expected(seed: int, seq: int) -> dict:
     """Every field of message ``seq`` (deterministic; the parent checks reads against it)."""
     d = _digest(seed, seq)
-    if is_plain(seq):  # bare and uniform per block: the store's plain-batch fast path
+    if is_plain(seq):  # bare and uniform per block: batches and put_async groups of only bare messages
         r = int.from_bytes(d[:8], "little")
         head = f"seq={seq};".encode()
         body = (head + d) * (r % 40 + 1)

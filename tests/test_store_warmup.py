@@ -8,15 +8,13 @@ range really is written zeros (FIEMAP shows no unwritten extent there, where
 the filesystem reports extents), and recovery treats warmed-but-unused space
 like any other empty tail.
 
-Plain batches: a uniform batch of bare messages is encoded column-wise
-(``record.encode_plain_run``); it must store exactly what the general path
-stores, and fall back to it whenever a message is not bare or the batch does
-not fit the segment.
+Batches next to warm-up claims and rolls: a batch of bare messages stores
+exactly what single puts store, and mixed batches (a tag, another queue, keys,
+another protocol, a segment end in the middle) keep their order.
 """
 
 from __future__ import annotations
 
-import array
 import fcntl
 import struct
 import threading
@@ -24,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from core_broker import record
 from core_broker.config import FlushMode, StoreConfig, Warmup
 from core_broker.model import Message, PutStatus
 from store_helpers import (  # noqa: F401  (stores is a fixture)
@@ -184,20 +181,7 @@ async def test_group_commit_with_warmup_across_rolls(stores) -> None:
     assert [m.body for m in read_all(s, "G", 0)] == [m.body for m in msgs]
 
 
-# ------------------------------------------------------------------------------------ plain batches
-
-
-def test_encode_plain_run_matches_encode() -> None:
-    bodies = [b"", b"x", body_for(1, 100), body_for(2, 1024), memoryview(body_for(3, 9))]
-    born = array.array("q", [7, 8, 9, 10, 11])
-    heads, positions, sizes = record.encode_plain_run(b"topic/a", b"mqtt", 4, 3, 55, 2, 1234, 10, 1000, bodies, born)
-    for i, b in enumerate(bodies):
-        m = Message("topic/a", bytes(b), born_timestamp_ms=born[i], queue_id=3, protocol="mqtt",
-                    delivery_time_ms=55, reconsume_times=2)
-        m.flags = 4
-        want = record.encode(m, 10 + i, positions[i], 1234)
-        assert bytes(heads[i]) + bytes(b) == want
-        assert sizes[i] == len(want) and positions[i + 1] == positions[i] + len(want)
+# ------------------------------------------------------------------------------------ batches
 
 
 def test_plain_batch_stores_what_single_puts_store(stores) -> None:
