@@ -149,9 +149,9 @@ class UnimqSettings:
     # the gateway at internal services (SSRF).
     http_push_allowed_hosts: list[str] = field(default_factory=list)
     # HTTP door: store each CloudEvent's id as its message key, so GET
-    # /v1/topics/{topic}/events?id= (and query by key) finds it; false saves the index
-    # insert on every event (see README, HTTP section).
-    http_index_event_ids: bool = True
+    # /v1/topics/{topic}/events?id= (and query by key) finds it. Off by default: it
+    # costs a third or more of the server CPU of batched ingest (see README, HTTP section).
+    http_index_event_ids: bool = False
     # AMQP 0-9-1 door (adapters/amqp). Users: name -> password, checked at PLAIN/AMQPLAIN
     # login; TOML: amqp_users = { guest = "guest" }. Users in amqp_loopback_users may log
     # in from loopback addresses only (RabbitMQ's rule for guest).

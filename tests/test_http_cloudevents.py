@@ -31,7 +31,7 @@ def _sdk_events(array: list[dict]) -> list[CloudEvent]:
 
 
 async def test_sdk_binary_structured_and_batch_round_trip(unimq_server, tmp_path: Path) -> None:
-    server = start_server(unimq_server, tmp_path)
+    server = start_server(unimq_server, tmp_path, "--set", "http_index_event_ids=true")
     when = datetime(2024, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
     binary_data = bytes(range(256))
     ev_binary = CloudEvent(
@@ -122,8 +122,8 @@ async def test_sdk_binary_structured_and_batch_round_trip(unimq_server, tmp_path
         assert (await c.get("/v1/topics/nope/events", params={"id": "b-1"})).status_code == 404
 
 
-async def test_event_ids_not_indexed_when_switched_off(unimq_server, tmp_path: Path) -> None:
-    server = start_server(unimq_server, tmp_path, "--set", "http_index_event_ids=false")
+async def test_event_ids_not_indexed_by_default(unimq_server, tmp_path: Path) -> None:
+    server = start_server(unimq_server, tmp_path)
     ev = {"specversion": "1.0", "id": "x-1", "source": "/s", "type": "t"}
     async with httpx.AsyncClient(base_url=server.url("http", "")) as c:
         assert (await c.post("/v1/topics", json={"name": "noidx", "queues": 1})).status_code == 201
@@ -132,7 +132,8 @@ async def test_event_ids_not_indexed_when_switched_off(unimq_server, tmp_path: P
         stored = (await c.get("/v1/topics/noidx/queues/0/messages")).json()["messages"]
         assert [(m["properties"]["ce_id"], m["keys"]) for m in stored] == [("x-1", [])]
         r = await c.get("/v1/topics/noidx/events", params={"id": "x-1"})
-        assert r.status_code == 200 and r.json() == {"messages": []}
+        assert r.status_code == 404 and r.json()["error"] == "EVENT_IDS_NOT_INDEXED"
+        assert "http_index_event_ids" in r.json()["message"]
 
 
 async def test_legacy_sdk_api_binary_and_structured(unimq_server, tmp_path: Path) -> None:

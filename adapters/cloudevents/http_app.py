@@ -398,7 +398,7 @@ def create_app(state: ServerState) -> FastAPI:
     """Build the FastAPI app for one server; ``state.phase`` drives ``/healthz``."""
     settings = state.settings
     max_body: int = getattr(settings, "http_max_body_bytes", 16 * 1024 * 1024)
-    index_ids: bool = getattr(settings, "http_index_event_ids", True)
+    index_ids: bool = getattr(settings, "http_index_event_ids", False)
     push = PushManager(state.processor, getattr(settings, "http_push_allowed_hosts", []))
     collector = UnimqCollector(state.processor, push)
 
@@ -582,7 +582,8 @@ def create_app(state: ServerState) -> FastAPI:
         """Find stored CloudEvents by their `id` (and `source`), oldest first; `{"messages": []}` if none.
 
         Uses the message key index: events are found when they came in with
-        `http_index_event_ids` on (the default).
+        `http_index_event_ids` on. With it off, an empty result is a 404
+        `EVENT_IDS_NOT_INDEXED` saying so, rather than a misleading "no such event".
         """
         p = processor()
         ctx = _ctx(request, "http")
@@ -592,6 +593,10 @@ def create_app(state: ServerState) -> FastAPI:
                  if m.properties.get("ce_id") == id and (source is None or m.properties.get("ce_source") == source)]
         found.sort(key=lambda m: (m.store_timestamp_ms, m.commitlog_offset))
         found = found[:max]
+        if not found and not index_ids:
+            raise ApiError(404, "EVENT_IDS_NOT_INDEXED",
+                           "events are not indexed by id on this server: set http_index_event_ids = true "
+                           "(events stored from then on are found)")
         if _wants_cloudevents(request):
             return _cloudevents_batch([(m, None) for m in found])
         return _json({"messages": [message_json(m) for m in found]})

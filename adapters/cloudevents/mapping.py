@@ -8,8 +8,8 @@ context attributes as ``ce_<attribute>`` (``ce_id``, ``ce_source``,
 ``ce_dataschema`` and every extension). The event's data is the message body,
 byte for byte in binary mode. The ``type`` is also the message tag (so tag
 filters select by type) and the ``id`` a message key (so query-by-key finds an
-event by its id; the door applies :func:`key_by_event_id` unless
-``http_index_event_ids`` is off); the ``partitionkey`` extension is the message
+event by its id; the door applies :func:`key_by_event_id` when
+``http_index_event_ids`` is on); the ``partitionkey`` extension is the message
 group.
 
 Egress: *any* stored message, whatever door it came in by, becomes a valid
