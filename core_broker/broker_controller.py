@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .config import BrokerConfig, StoreConfig
+from .config import BrokerConfig, FlushMode, StoreConfig
 from .errors import BadRequestError, TopicNotFoundError, UnimqError
 from .filter import compile_filter
 from .journal import Journal
@@ -74,6 +74,9 @@ class BrokerController:
         self.config = config or BrokerConfig()
         self.name = self.config.broker_name
         self.store = MessageStore(store_config)
+        # under async flush a write is done once in the mapping: the hot paths skip the
+        # (then empty) wait_durable coroutine
+        self._sync_flush = store_config.flush == FlushMode.SYNC
         self.journal = Journal(self.store)
         self.timers = TimerService(self.store, self.journal, self.notify)
         self.transactions = TransactionService(self.store, self.journal, self.config, self.notify)
@@ -341,11 +344,9 @@ class BrokerController:
         self, msgs: Sequence[Message], *, transactional: bool = False, producer_group: str = ""
     ) -> list[tuple[PutResult, str | None]]:
         """Store messages whose queue the caller chose. Returns (result, transaction id)."""
-        now = int(time.time() * 1000)
         if not transactional:
-            limit = now + DELAY_THRESHOLD_MS
             for m in msgs:
-                if m.delivery_time_ms > limit:
+                if m.delivery_time_ms:  # maybe one to schedule: the general path decides
                     break
             else:  # the common case: nothing to schedule, one store call for all
                 store = self.store
@@ -353,14 +354,17 @@ class BrokerController:
                     r = store.put_nowait(msgs[0])
                     if self._waiters:
                         self._notify_sent(msgs)
-                    await store.wait_durable(r)
+                    if self._sync_flush:
+                        await store.wait_durable(r)
                     return [(r, None)]
                 results = store.put_batch_nowait(msgs)
                 if self._waiters:
                     self._notify_sent(msgs)
-                # written in order under the store lock: the last record ends furthest
-                await store.wait_durable(results[-1])
+                if self._sync_flush:
+                    # written in order under the store lock: the last record ends furthest
+                    await store.wait_durable(results[-1])
                 return [(r, None) for r in results]
+        now = int(time.time() * 1000)
         out: list[tuple[PutResult, str | None]] = []
         plain: list[Message] = []
         last: PutResult | None = None
@@ -458,7 +462,8 @@ class BrokerController:
 
     async def ack(self, group: str, receipt_handle: str) -> None:
         r = self.pops.ack(group, receipt_handle)
-        await self.store.wait_durable(r)
+        if self._sync_flush:
+            await self.store.wait_durable(r)
 
     async def ack_batch(self, group: str, receipt_handles: Sequence[str]) -> list[str | None]:
         """Ack several popped messages with one journal record (doors that settle in bulk).
