@@ -725,6 +725,25 @@ class MessagingProcessor:
         tc = TopicConfig(name, queues=self.config.default_queue_count if queues is None else queues, message_type=mtype)
         return await self.broker.create_topic(tc, exist_ok=exist_ok)
 
+    async def host_lmq(self, ctx: RequestContext, name: str, broker: str) -> None:
+        """Make an LMQ topic known on ``broker`` so its part of the LMQ can be pulled there.
+
+        A multi-dispatched message's LMQ entries are written by the broker that stores the
+        message, which in a separated deployment need not be one the LMQ's route names; a
+        pull checks the topic on the broker it reads. Adds queue 0 of ``name`` on that
+        broker (nothing when it is already there, or when one broker holds everything).
+        """
+        self.authorizer.check(ctx, "admin", name)
+        if not is_lmq(name):
+            raise BadRequestError("only '%LMQ%' topics are hosted per broker")
+        call = getattr(self.broker, "_call", None)  # the remote broker client only
+        if call is None:
+            return
+        await call(broker, "create_topic", TopicConfig(name, queues=1, queue_base=0), True)
+        invalidate = getattr(self.broker, "invalidate", None)
+        if invalidate is not None:
+            invalidate(name)
+
     async def update_topic(
         self, ctx: RequestContext, name: str, *, queues: int | None = None, perm: int | None = None
     ) -> TopicConfig:

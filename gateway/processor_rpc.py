@@ -45,7 +45,7 @@ PROCESSOR_METHODS = [
     "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
     "commit_offset", "get_offset", "query_offset", "query_route", "create_topic", "update_topic", "delete_topic",
     "list_topics", "describe_topic", "query_message_by_id", "query_messages_by_key", "kv_put", "kv_get", "kv_items",
-    "poll_transaction_checks", "confirm_transaction_checks",
+    "poll_transaction_checks", "confirm_transaction_checks", "host_lmq",
 ]
 _OWN_METHODS = ("poll_transaction_checks", "confirm_transaction_checks")
 
