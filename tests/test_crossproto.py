@@ -66,3 +66,43 @@ def test_amqp_publish_on_amq_topic_reaches_an_mqtt_subscriber(unimq_server):
     sub.loop_stop()
     sub.disconnect()
     conn.close()
+
+
+def test_amq_topic_routes_of_mqtt_publishes_follow_binds_unbinds_and_queue_deletes(unimq_server):
+    """The AMQP door caches amq.topic routes per MQTT topic: every topology change must show."""
+    srv = unimq_server()
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", srv.ports["amqp"]))
+    ch = conn.channel()
+    ch.queue_declare("xq", durable=False)
+    pub = _mqtt_client(srv.ports["mqtt"])
+
+    def publish(body: bytes) -> None:
+        pub.publish("cache/a/b", body, qos=1).wait_for_publish(10)
+
+    def get() -> bytes | None:
+        got: list = []
+        if _wait(lambda: (got.append(ch.basic_get("xq", auto_ack=True)) or got[-1][0] is not None), 5.0):
+            return got[-1][2]
+        return None
+
+    publish(b"unbound")  # nothing bound on amq.topic yet: routed nowhere (and remembered so)
+    ch.queue_bind("xq", "amq.topic", "cache.#")
+    publish(b"bound")
+    assert get() == b"bound"
+    ch.queue_unbind("xq", "amq.topic", "cache.#")
+    ch.queue_bind("xq", "amq.topic", "other.#")  # amq.topic not empty, but no match for cache/a/b
+    publish(b"unbound-again")
+    ch.queue_bind("xq", "amq.topic", "cache.*.b")
+    publish(b"rebound")
+    assert get() == b"rebound"
+    ch.queue_delete("xq")
+    ch.queue_declare("xq", durable=False)  # a new queue under the same name: not bound
+    publish(b"to-the-old-queue")
+    ch.queue_bind("xq", "amq.topic", "cache.a.b")
+    publish(b"to-the-new-queue")
+    assert get() == b"to-the-new-queue"
+    time.sleep(0.3)
+    assert ch.basic_get("xq", auto_ack=True)[0] is None
+    pub.loop_stop()
+    pub.disconnect()
+    conn.close()

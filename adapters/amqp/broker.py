@@ -80,6 +80,10 @@ IDLE_POLL_S = 1.0  # consumers with credit re-check the store this often (messag
 UNBOUNDED_CREDIT = 256  # window of a no-ack consumer or one with prefetch 0, per pump round
 MEM_LIMIT = 20000  # ready messages a memory queue holds before it spills to its LMQ
 MEM_BYTES = 64 * 1024 * 1024  # ... or this many body bytes
+_FQ_CACHE_MAX = 65536  # distinct MQTT topics whose amq.topic route is kept (then the cache restarts)
+# a foreign message's AMQP queues and the LMQ dispatch targets they add
+_ForeignRoute = tuple[tuple["QueueState", ...], tuple[DispatchTarget, ...]]
+_NO_ROUTE: _ForeignRoute = ((), ())
 
 
 class AmqpError(Exception):
@@ -240,7 +244,7 @@ class Lane:
     high-water mark).
     """
 
-    __slots__ = ("broker", "enq_next", "spill_next", "floor", "settled", "jumps", "hw")
+    __slots__ = ("broker", "enq_next", "spill_next", "floor", "settled", "jumps", "hw", "hosted")
 
     def __init__(self, broker: str) -> None:
         self.broker = broker
@@ -250,6 +254,7 @@ class Lane:
         self.settled: set[int] = set()  # settled offsets above the floor (acked out of order)
         self.jumps: dict[int, int] = {}  # settled ranges above the floor: start -> end (purge)
         self.hw = 0  # LMQ offset after the highest one ever delivered (redelivered flag after a restart)
+        self.hosted = False  # this broker knows the LMQ topic (it must, to be read back: see _pull_spill)
 
     def settle(self, offset: int) -> None:
         if offset == self.floor:
@@ -361,6 +366,10 @@ class QueueState:
         # a durable queue's cursor over its LMQ, saved in the kv state (see ``settle``)
         self.persist = durable and exclusive is None
         self.lanes: dict[str, Lane] = {}  # per broker holding part of the LMQ (one in merged mode)
+        # The spilled messages' order across lanes: runs of [lane, how many LMQ offsets], oldest
+        # first. Each lane's offsets keep its own order; these runs interleave the lanes as the
+        # messages were enqueued, so a read-back is FIFO in separated mode too.
+        self.spill_runs: deque[list[Any]] = deque()
         self.saving = False
         self.dirty = False
         self.mem_bytes = 0  # body bytes of the ready messages held
@@ -550,8 +559,12 @@ class QueueState:
             except (ValueError, AttributeError):
                 log.warning("unreadable cursor of queue %r; redelivering it from its start", self.name)
         self.count = 0
-        for b, (lo, hi) in offsets.items():
-            self.count += self.lane(b).restore(saved.get(b) or {}, lo, hi)
+        self.spill_runs.clear()
+        for b, (lo, hi) in sorted(offsets.items()):
+            lane = self.lane(b)
+            self.count += lane.restore(saved.get(b) or {}, lo, hi)
+            if lane.spill_next is not None:  # the order across brokers is not kept over a restart
+                self.spill_runs.append([lane, lane.enq_next - lane.spill_next])
 
     # -- memory queue ----------------------------------------------------------------------
 
@@ -576,16 +589,29 @@ class QueueState:
     async def _pull_spill(self, n: int) -> int:
         """Read messages the queue did not hold back from its LMQ; returns how many it queued."""
         got = 0
+        runs = self.spill_runs
         while got == 0:
-            lane = next((ln for ln in self.lanes.values() if ln.spill_next is not None), None)
-            if lane is None:
-                self.store_empty = True
-                return 0
+            while runs and (runs[0][0].spill_next is None or runs[0][1] <= 0):
+                runs.popleft()
+            if not runs:
+                for ln in self.lanes.values():  # not expected: spilled offsets outside every run
+                    if ln.spill_next is not None:
+                        runs.append([ln, ln.enq_next - ln.spill_next])
+                if not runs:
+                    self.store_empty = True
+                    return 0
+            lane, left = runs[0]
             start = lane.spill_next
             assert start is not None
             try:
+                if not lane.hosted:
+                    # In separated mode the LMQ entries of a publish are written by the broker
+                    # that stored it, which the LMQ topic's route need not name: a pull there
+                    # needs the topic known on that broker (queue 0, one entry per broker).
+                    await self.broker.processor.host_lmq(self.broker.ctx, self.topic, lane.broker)
+                    lane.hosted = True
                 r = await self.broker.processor.pull(self.broker.ctx, self.topic, 0, start,
-                                                     max(1, min(n, POP_BATCH)), broker=lane.broker)
+                                                     max(1, min(n, left, POP_BATCH)), broker=lane.broker)
             except UnimqError:
                 log.exception("reading queue %r back from the store failed", self.name)
                 return 0
@@ -606,6 +632,16 @@ class QueueState:
                 nxt = lane.enq_next  # nothing readable there any more (retention): give up on the rest
                 self.count = max(self.count - (nxt - start), self.unacked + len(buf))
             lane.spill_next = nxt if nxt < lane.enq_next else None
+            done = nxt - start
+            for run in runs:  # the offsets read off this lane's runs, oldest first
+                if done <= 0:
+                    break
+                if run[0] is lane:
+                    k = min(done, run[1])
+                    run[1] -= k
+                    done -= k
+            while runs and runs[0][1] <= 0:
+                runs.popleft()
         self.store_empty = not self.spilling()
         return got
 
@@ -645,20 +681,28 @@ class QueueState:
         if msg.properties.get("amqp_expiration") is not None:
             self.per_message_ttl = True
         lane = self.lanes.get(broker) or self.lane(broker)
+        old = lane.enq_next
         if offset is None:  # should not happen: read it (and what follows) back from the LMQ
-            offset = lane.enq_next
-        if offset > lane.enq_next and lane.spill_next is None:
-            lane.spill_next = lane.enq_next  # messages the door did not see: read them back
-        if offset + 1 > lane.enq_next:
+            offset = old
+        if offset > old and lane.spill_next is None:
+            lane.spill_next = old  # messages the door did not see: read them back
+        if offset + 1 > old:
             lane.enq_next = offset + 1
         if lane.spill_next is None:
-            if len(self.buffer) >= MEM_LIMIT or self.mem_bytes >= MEM_BYTES:
-                lane.spill_next = offset
+            if len(self.buffer) >= MEM_LIMIT or self.mem_bytes >= MEM_BYTES or self.spill_runs:
+                lane.spill_next = offset  # (spill_runs: another lane spills; this one waits behind it)
             else:
                 self.buffer.append(Lease(self, msg, 1, offset, lane, tmpl))
                 self.mem_bytes += len(msg.body)
                 self.wake()
                 return
+        k = lane.enq_next - old
+        if k > 0:
+            runs = self.spill_runs
+            if runs and runs[-1][0] is lane:
+                runs[-1][1] += k
+            else:
+                runs.append([lane, k])
         self.store_empty = False
         self.wake()
 
@@ -695,6 +739,7 @@ class QueueState:
                     lane.settle_range(lane.spill_next, lane.enq_next)
                     self.broker.save_cursor(self)
                 lane.spill_next = None
+        self.spill_runs.clear()
         self.count = self.unacked
         return n
 
@@ -705,6 +750,9 @@ class VHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, QueueState] = {}
         self._topics: dict[tuple[str, str], tuple[str, str | None]] = {}
+        # bumped by every change of exchanges, bindings or queues: routing caches built
+        # over this vhost (the cross-door amq.topic routes) drop their entries on a change
+        self.version = 0
         for ex_name, ex_type in PREDECLARED:
             self.exchanges[ex_name] = Exchange(ex_name, ex_type, durable=True)
 
@@ -739,6 +787,11 @@ class AmqpBroker:
         self.blocked: str | None = None
         self._known_topics: set[str] = set()
         self._tasks: list[asyncio.Task[Any]] = []
+        # cross-door amq.topic routes (see _foreign_queues): per MQTT topic, for one vhost version
+        self._fq_vhost: VHost | None = None
+        self._fq_version = -1
+        self._fq_any = False
+        self._fq_cache: dict[str, _ForeignRoute] = {}
         self._background: set[asyncio.Task[Any]] = set()
         max_size = getattr(getattr(settings, "store", None), "max_message_size", 4 * 1024 * 1024)
         self.max_message_size: int = max_size
@@ -747,27 +800,58 @@ class AmqpBroker:
 
     # -- cross-protocol routing (gateway.processor.Router) ------------------------------
 
-    def _foreign_queues(self, m: Message) -> list["QueueState"]:
+    def _foreign_queues(self, m: Message) -> _ForeignRoute:
         """AMQP queues bound to ``amq.topic`` that a message from another door reaches.
 
         RabbitMQ's MQTT-plugin convention: MQTT topic a/b/c is routing key a.b.c on
         amq.topic of the default vhost, so an MQTT (or any door's) message carrying an
         ``mqtt_topic`` property lands in the AMQP queues bound there.
+
+        Called twice per message of every other door (``route`` before the store,
+        ``after_send`` after it), so it must be cheap: nothing bound on amq.topic (the
+        common case) answers at once, else one full route per distinct MQTT topic, kept
+        until the vhost's exchanges, bindings or queues change (``VHost.version``).
         """
         if m.protocol == "amqp":
-            return []  # routed by the door itself at publish
-        mqtt = m.properties.get("mqtt_topic") if m.properties else None
-        vh = self.vhosts.get("/")
-        if not mqtt or vh is None:
-            return []
-        return vh.route("amq.topic", mqtt.replace("/", "."), None)
+            return _NO_ROUTE  # routed by the door itself at publish
+        props = m.properties
+        mqtt = props.get("mqtt_topic") if props else None
+        if not mqtt:
+            return _NO_ROUTE
+        vh = self._fq_vhost
+        if vh is None or vh.version != self._fq_version:
+            vh = self._fq_reset()
+            if vh is None:
+                return _NO_ROUTE
+        if not self._fq_any:
+            return _NO_ROUTE
+        cache = self._fq_cache
+        hit = cache.get(mqtt)
+        if hit is None:
+            if len(cache) >= _FQ_CACHE_MAX:
+                cache.clear()
+            qs = tuple(vh.route("amq.topic", mqtt.replace("/", "."), None))
+            hit = cache[mqtt] = (qs, tuple(DispatchTarget(q.topic, 0) for q in qs)) if qs else _NO_ROUTE
+        return hit
 
-    def route(self, m: Message) -> list[DispatchTarget]:
-        return [DispatchTarget(q.topic, 0) for q in self._foreign_queues(m)]
+    def _fq_reset(self) -> "VHost | None":
+        """The default vhost changed (or first use): drop the cached amq.topic routes."""
+        vh = self._fq_vhost = self.vhosts.get("/")
+        self._fq_cache.clear()
+        if vh is None:
+            self._fq_any = False
+            return None
+        self._fq_version = vh.version
+        ex = vh.exchanges.get("amq.topic")
+        self._fq_any = ex is not None and bool(ex.bindings or ex.alternate)
+        return vh
+
+    def route(self, m: Message) -> tuple[DispatchTarget, ...]:
+        return self._foreign_queues(m)[1]
 
     def after_send(self, messages: Any, results: Any) -> None:
         for m, r in zip(messages, results):
-            qs = self._foreign_queues(m)
+            qs = self._foreign_queues(m)[0]
             if qs:
                 offsets = lmq_offsets(m, r)
                 for q in qs:
@@ -846,6 +930,8 @@ class AmqpBroker:
             if ex is None or (kind == "q" and dest not in vh.queues) or (kind == "e" and dest not in vh.exchanges):
                 continue
             ex.add(Binding(src, dest, kind == "e", rk, ak), _args_decode(ak))
+        for vh in self.vhosts.values():
+            vh.version += 1
         # transient queues of an earlier run are gone: drop their light queues
         try:
             topics = await self.processor.list_topics(self.ctx, include_system=True)
@@ -939,6 +1025,7 @@ class AmqpBroker:
 
     async def add_binding(self, vh: VHost, b: Binding, args: dict[str, Any]) -> None:
         ex = vh.exchanges[b.source]
+        vh.version += 1
         if ex.add(b, args) and self._binding_durable(vh, b):
             await self.processor.kv_put(self.ctx, KV_NS, self._binding_key(vh, b), b"{}")
 
@@ -948,6 +1035,7 @@ class AmqpBroker:
             return
         durable = self._binding_durable(vh, b)
         if ex.remove(b):
+            vh.version += 1
             if durable:
                 await self.processor.kv_put(self.ctx, KV_NS, self._binding_key(vh, b), None)
             if ex.auto_delete and not ex.bindings:
@@ -959,6 +1047,7 @@ class AmqpBroker:
         for b in list(ex.bindings):
             await self.remove_binding(vh, b)
         del vh.exchanges[ex.name]
+        vh.version += 1
         # bindings where it is the destination
         for other in list(vh.exchanges.values()):
             for b in [b for b in other.bindings if b.to_exchange and b.destination == ex.name]:
@@ -970,6 +1059,7 @@ class AmqpBroker:
         q = QueueState(self, vh, name, durable, exclusive, auto_delete, arguments)
         await self.processor.create_topic(self.ctx, q.topic, queues=1, exist_ok=True)
         vh.queues[name] = q
+        vh.version += 1
         if durable and exclusive is None:  # an exclusive queue dies with its connection anyway
             await self.processor.kv_put(self.ctx, KV_NS, q.key(), q.to_json())
         if q.ttl is not None:
@@ -983,6 +1073,7 @@ class AmqpBroker:
         n = q.ready()
         q.deleted = True
         del vh.queues[q.name]
+        vh.version += 1
         for c in list(q.consumers):
             c.channel.server_cancel(c)
         q.consumers.clear()

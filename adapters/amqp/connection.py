@@ -931,6 +931,7 @@ async def _exchange_declare(conn: AmqpConnection, ch: Channel, m: Any) -> None:
                                 40, 10)
             ex = Exchange(name, m.exchange_type, m.durable, m.auto_delete, m.internal, dict(args))
             vh.exchanges[name] = ex
+            vh.version += 1
             await conn.broker.save_exchange(vh, ex)
     if not m.nowait:
         conn.send_method(ch.number, codec.method(C.Exchange.DeclareOk))
