@@ -22,7 +22,7 @@ from pathlib import Path
 
 from core_broker.config import FlushMode, StoreConfig
 from core_broker.message_store import MessageStore
-from core_broker.model import GetStatus, Message, PutStatus
+from core_broker.model import DispatchTarget, GetStatus, Message, PutStatus
 
 from . import Context, Row
 
@@ -44,7 +44,9 @@ TIMED = """\
   (fsync-covered) messages are counted. The sync single-writer row is a blocking `put` loop.
   Reads call `get(topic, 0, offset, 32)` from offset 0 over the messages the batch row before
   wrote (page cache warm), CRC-checking and decoding every message. Records add a header of
-  117 B to the body (topic `bench`, protocol `internal`). Each store row is measured 3 times
+  117 B to the body (topic `bench`, protocol `internal`). Door-shaped rows: `put_batch(100)` of 100 B
+  CloudEvents with six `ce_*` properties (HTTP door), and the group-commit row with 100 B MQTT QoS 1
+  messages carrying four `mqtt_*` properties and one dispatch into a subscription LMQ. Each store row is measured 3 times
   (once with --quick; the sync single-writer row twice) and the best run is reported.
 """
 
@@ -61,6 +63,23 @@ except ImportError:  # pragma: no cover - uvloop is a dependency
 def _messages(count: int, size: int) -> list[Message]:
     bodies = [os.urandom(size) for _ in range(64)]
     return [Message(TOPIC, bodies[i & 63]) for i in range(count)]
+
+
+def _ce_messages(count: int) -> list[Message]:
+    """HTTP-door-shaped: a 100 B CloudEvent with its six ``ce_*`` properties."""
+    bodies = [os.urandom(100) for _ in range(64)]
+    return [Message(TOPIC, bodies[i & 63], protocol="http", properties={
+        "ce_specversion": "1.0", "ce_type": "com.example.order.created", "ce_source": "/orders/eu-west",
+        "ce_id": f"evt-{i:08d}", "ce_time": "2026-11-22T00:10:00Z", "ce_datacontenttype": "application/json"})
+        for i in range(count)]
+
+
+def _mqtt_messages(count: int) -> list[Message]:
+    """MQTT-QoS-1-shaped: 100 B, four ``mqtt_*`` properties, one subscription LMQ (of 8) to dispatch into."""
+    bodies = [os.urandom(100) for _ in range(64)]
+    return [Message(TOPIC, bodies[i & 63], protocol="mqtt", properties={
+        "mqtt_topic": f"sensors/room{i & 7}/temp", "mqtt_qos": "1", "mqtt_retain": "0", "mqtt_client": f"client-{i & 15}"},
+        extra_dispatch=(DispatchTarget(f"%LMQ%sub{i & 7}", 0),)) for i in range(count)]
 
 
 class _Store:
@@ -285,6 +304,18 @@ def run(ctx: Context) -> list[Row]:
         rows.append(Row(NAME, f"get({READ_BATCH}) from one queue, {size_label(size)}", rr, rr * size / 1e6,
                         note=reads.note()))
         del msgs, batches
+
+    # -- door-shaped batches: CloudEvents with six properties, 100 per put_batch --
+    msgs = _ce_messages(n_batch // 2)
+    batches = [msgs[i : i + 100] for i in range(0, len(msgs), 100)]
+    runs = _Runs()
+    for _ in range(reps):
+        with _Store(ctx, "batch-ce", sync=False) as store:
+            runs.add(len(msgs), _batch_loop(store, batches))
+    rate = runs.best
+    rows.append(Row(NAME, "put_batch(100), async flush, 100 B + 6 properties", rate, rate * 100 / 1e6,
+                    note=runs.note()))
+    del msgs, batches
     return rows + sync_rows
 
 
@@ -321,6 +352,18 @@ def _sync_rows(ctx: Context, reps: int, seconds: float, seconds_1: float) -> lis
     rows.append(Row(NAME, f"put_async, sync flush (group commit), 100 B, {SYNC_WRITERS} writers on {LOOP_NAME}",
                     rate, rate * 100 / 1e6, p, r, "≥ 10x fsync/write", bool(peer.fsync) and rate >= 10 * peer.fsync,
                     note=runs.note(*([f"best run: {flush_note}"] if flush_note else []))))
+
+    # -- the same, MQTT-QoS-1-shaped: properties and one LMQ dispatch per message --
+    door = _mqtt_messages(4096)
+    runs = _Runs()
+    for _ in range(reps):
+        with _Store(ctx, "sync-64-lmq", sync=True) as store:
+            with asyncio.Runner(loop_factory=_loop_factory) as runner:
+                n, t = runner.run(_sync_writers(store, door, seconds, SYNC_WRITERS))
+            runs.add(n, t)
+    rate = runs.best
+    rows.append(Row(NAME, f"put_async, sync flush, 100 B + 4 properties + 1 LMQ dispatch, {SYNC_WRITERS} writers",
+                    rate, rate * 100 / 1e6, note=runs.note()))
 
     # -- sync flush, one blocking writer --
     runs = _Runs()

@@ -65,6 +65,8 @@ MAX_SCAN = 4096
 PUT_OK = PutStatus.PUT_OK
 _new_tuple = tuple.__new__  # builds PutResult without NamedTuple's Python-level __new__
 _encode = record.encode
+_encode_head = record.encode_head
+_encode_dispatch = record.encode_dispatch
 _cq_pack = CQ_ENTRY.pack_into  # consume-queue entries one filtered get may skip before answering
 # For the put paths' inlined copies of record.encode's fast path (bare messages).
 _cq_entry = CQ_ENTRY.pack
@@ -113,6 +115,7 @@ class MessageStore:
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
         self._tag_hashes: dict[str, int] = {}
+        self._idx_pending: list[tuple[str, int, int]] = []  # (key, phys, ts) of a batch's unwritten records
         self.store_id = ""
         self._id_prefix = ""
         self._running = False
@@ -291,6 +294,14 @@ class MessageStore:
                 self._tag_hashes[tag] = h
         return h
 
+    @staticmethod
+    def _dispatch_ok(msg: Message, extra: tuple) -> bool:
+        """Each queue at most once: the primary and every extra target distinct."""
+        if len(extra) == 1:
+            t = extra[0]
+            return t[1] != msg.queue_id or t[0] != msg.topic
+        return len(set(extra)) == len(extra) and (msg.topic, msg.queue_id) not in extra
+
     def _put_locked(self, msg: Message, now: int) -> PutResult:
         """Append one message and dispatch it. Caller holds ``_lock``.
 
@@ -342,29 +353,33 @@ class MessageStore:
         dispatch = b""
         extra_offsets: tuple[int, ...] = ()
         if extra:
-            cqs = [self._cq(t, q) for t, q in extra]
-            if len(set(extra)) != len(extra) or (msg.topic, msg.queue_id) in extra:
+            if not self._dispatch_ok(msg, extra):
                 raise BadRequestError("a message is dispatched into each queue at most once")
-            extra_offsets = tuple(c.max_offset for c in cqs)
+            get = self._cqs.get
+            cqs = [get(t) or self._cq(t[0], t[1]) for t in extra]
+            extra_offsets = tuple([c.max_offset for c in cqs])
             for c, o in zip(cqs, extra_offsets):
-                c.ensure(o)
-            dispatch = record.encode_dispatch(extra, extra_offsets)
+                if o >= c.limit or c._cur is None:
+                    c.ensure(o)
+            dispatch = _encode_dispatch(extra, extra_offsets)
         if msg.keys or msg.message_id:  # a new index file may be needed: make it before writing
             self.index.reserve(len(msg.keys) + (1 if msg.message_id else 0))
-        cl = self.commitlog
         pos = cl.write_pos
-        data = _encode(msg, qo, pos, now, dispatch)
-        size = len(data)
+        head = _encode_head(msg, qo, pos, now, dispatch)
+        hl = len(head)
+        size = hl + len(body)
         if pos + size > cl.limit:
             if size > cl.segment_size:  # huge properties: no segment can hold the record
                 raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
             new_pos = cl.make_room(size)
             if new_pos != pos:
                 pos = new_pos
-                data = _encode(msg, qo, pos, now, dispatch)
+                head = _encode_head(msg, qo, pos, now, dispatch)
         cur = cl.current
         off = pos - cur.base  # type: ignore[union-attr]
-        cur.mm[off : off + size] = data  # type: ignore[union-attr]
+        mm = cur.mm  # type: ignore[union-attr]
+        mm[off : off + hl] = head  # head and body stored apart: the body is never copied twice
+        mm[off + hl : off + size] = body
         cur.dirty = True  # type: ignore[union-attr]
         cl.write_pos = pos + size
         tag = msg.tag
@@ -443,10 +458,13 @@ class MessageStore:
         run: list = []
         cq = ents = tp = None
         lt = lp = hsz = 0
+        idx = self._idx_pending  # index entries of pending records, put once they are written
         try:
             for m in msgs:
                 body = m.body
-                if m.extra_dispatch or m.keys or m.message_id or len(body) > limit:
+                extra = m.extra_dispatch
+                if len(body) > limit or (extra and not self._dispatch_ok(m, extra)):
+                    # The single path raises the error, after the pending records are written.
                     if pending:
                         self._write_pending(cur, start, pos, pending, runs)
                     runs.clear()
@@ -475,34 +493,74 @@ class MessageStore:
                 if qo >= cq.limit:  # type: ignore[union-attr]
                     cq.ensure(qo)  # type: ignore[union-attr]  # may raise StoreFullError: nothing written yet
                 tag = m.tag
-                if tag or m.message_group or m.properties or m.born_host:
-                    data = _encode(m, qo, pos, now)
-                    size = len(data)
+                mid = m.message_id
+                keys = m.keys
+                if extra or tag or mid or keys or m.properties or m.message_group or m.born_host:
+                    # Door traffic (properties, LMQ dispatch, keys): record.encode_head writes
+                    # every field; the body is chained into the CRC, never copied before pwritev.
+                    if extra:
+                        xruns = []
+                        xo = []
+                        for t in extra:
+                            xr = runs.get(t)
+                            if xr is None:
+                                xcq = self._cqs.get(t) or self._cq(t[0], t[1])
+                                xr = runs[t] = [xcq, xcq.max_offset, []]
+                            o = xr[1] + len(xr[2])
+                            if o >= xr[0].limit:
+                                xr[0].ensure(o)  # may raise StoreFullError: this record is not written yet
+                            xruns.append(xr)
+                            xo.append(o)
+                        xo = tuple(xo)
+                        dispatch = _encode_dispatch(extra, xo)
+                    else:
+                        xo = ()
+                        dispatch = b""
+                    if mid or keys:  # a new index file may be needed: make it before writing
+                        nidx = len(keys) + (1 if mid else 0)
+                        self.index.reserve(len(idx) + nidx)
+                    head = _encode_head(m, qo, pos, now, dispatch)
+                    size = len(head) + len(body)
                     if pos + size > end:
                         pos, cur, end = self._roll_batch(cur, start, pos, pending, runs, size)
                         start = pos
-                        data = _encode(m, qo, pos, now)
-                    pending.append(data)
+                        head = _encode_head(m, qo, pos, now, dispatch)
+                    pending += (head, body)
                     th = (self._tag_hashes.get(tag) or self._tag_hash(tag)) if tag else 0
-                else:
-                    # record.encode's fast path for a bare message, inlined (same bytes).
-                    size = hsz + len(body)
-                    if pos + size > end:
-                        pos, cur, end = self._roll_batch(cur, start, pos, pending, runs, size)
-                        start = pos
-                    head = _pack_fixed(
-                        m.flags & _NOT_LINK, qid, qo, pos, m.born_timestamp_ms or now, now, m.delivery_time_ms, -1, 0,
-                        m.reconsume_times, lt, 0, 0, 0, 0, lp, 0, 0, 0, len(body),
-                    ) + tp  # type: ignore[operator]
-                    pending.append(_pack_prefix(size, _MAGIC, _crc32c(body, _crc32c(head))) + head)
-                    pending.append(body)
-                    th = 0
-                ents.append(_cq_entry(pos, size, th))  # type: ignore[union-attr]
+                    if extra:
+                        e = _cq_entry(pos, size, th)
+                        ents.append(e)  # type: ignore[union-attr]
+                        for xr in xruns:
+                            xr[2].append(e)
+                    else:
+                        ents.append(_cq_entry(pos, size, th))  # type: ignore[union-attr]
+                    if mid:
+                        idx.append(("#id#" + mid, pos, now))
+                    else:
+                        mid = idfmt % pos
+                    if keys:
+                        for k in keys:
+                            idx.append((f"{topic}#{k}", pos, now))
+                    add(_new_tuple(PutResult, (PUT_OK, mid, qid, qo, pos, size, xo)))
+                    pos += size
+                    continue
+                # record.encode's fast path for a bare message, inlined (same bytes).
+                size = hsz + len(body)
+                if pos + size > end:
+                    pos, cur, end = self._roll_batch(cur, start, pos, pending, runs, size)
+                    start = pos
+                head = _pack_fixed(
+                    m.flags & _NOT_LINK, qid, qo, pos, m.born_timestamp_ms or now, now, m.delivery_time_ms, -1, 0,
+                    m.reconsume_times, lt, 0, 0, 0, 0, lp, 0, 0, 0, len(body),
+                ) + tp  # type: ignore[operator]
+                pending += (_pack_prefix(size, _MAGIC, _crc32c(body, _crc32c(head))) + head, body)
+                ents.append(_cq_entry(pos, size, 0))  # type: ignore[union-attr]
                 add(_new_tuple(PutResult, (PUT_OK, idfmt % pos, qid, qo, pos, size, ())))
                 pos += size
             if pending:
                 self._write_pending(cur, start, pos, pending, runs)
         except BaseException:
+            idx.clear()  # their records were not written
             # Nothing of the unwritten tail is visible; point each queue back at the file
             # holding its next offset (ensure() may have moved it to a file ahead).
             for r in runs.values():
@@ -546,6 +604,12 @@ class MessageStore:
         cur.dirty = True
         self.commitlog.write_pos = end
         pending.clear()
+        idx = self._idx_pending
+        if idx:
+            put = self.index.put
+            for key, phys, ts in idx:
+                put(key, phys, ts)
+            idx.clear()
         for run in runs.values():
             ents = run[2]
             n = len(ents)

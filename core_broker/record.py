@@ -39,7 +39,9 @@ PREFIX = struct.Struct("<III")
 FIXED = struct.Struct("<IiqqqqqqiiHHHHHHIIII")
 HEADER_SIZE = PREFIX.size + FIXED.size
 _PROP = struct.Struct("<HI")
+_PROP_PACK = _PROP.pack
 _DISPATCH = struct.Struct("<Hiq")
+_DISPATCH_PACK = _DISPATCH.pack
 _PACK_FIXED = FIXED.pack
 _PACK_PREFIX = PREFIX.pack
 _UNPACK_FIXED = FIXED.unpack_from
@@ -48,16 +50,48 @@ _UNPACK_PREFIX = PREFIX.unpack_from
 FLAG_LINK = 0x1  # record dispatches origin_offset's message, carries no body of its own
 
 
+# Encoded properties: a door stamps the same names on every message (mqtt_*, ce_*,
+# amqp_*), most with few distinct values (ce_specversion "1.0", mqtt_qos "1", a
+# ce_type or ce_source per producer). Each (name, value) entry is encoded once and
+# reused; a name that shows more than _VALUES_PER_KEY distinct values (ce_id,
+# ce_time) stops caching new ones. Bounded both ways: names and values are the
+# client's. Under cachegrind a cached entry costs about a third of encoding it.
+_PROP_CACHE: dict[str, dict] = {}
+_KEYS_MAX = 1024
+_VALUES_PER_KEY = 64
+
+
+def _prop_entry(k: str, v, kc: dict | None) -> bytes:
+    kb = k.encode()
+    vb = v.encode() if isinstance(v, str) else bytes(v)
+    e = _PROP_PACK(len(kb), len(vb)) + kb + vb
+    if v.__class__ is str:
+        if kc is None:
+            if len(_PROP_CACHE) < _KEYS_MAX:
+                _PROP_CACHE[k] = {v: e}
+        elif len(kc) < _VALUES_PER_KEY:
+            kc[v] = e
+    return e
+
+
 def encode_properties(props: dict[str, str]) -> bytes:
+    """(u16 klen, u32 vlen, key, value) per property, joined once; see _PROP_CACHE."""
     if not props:
         return b""
-    parts = []
+    parts: list[bytes] = []
+    add = parts.append
+    cache = _PROP_CACHE
     for k, v in props.items():
-        kb = k.encode()
-        vb = v.encode() if isinstance(v, str) else bytes(v)
-        parts.append(_PROP.pack(len(kb), len(vb)))
-        parts.append(kb)
-        parts.append(vb)
+        kc = cache.get(k)
+        if kc is not None:
+            try:
+                e = kc.get(v)
+            except TypeError:  # an unhashable value (bytearray): encoded below, never cached
+                e = None
+            if e is not None:
+                add(e)
+                continue
+        add(_prop_entry(k, v, kc))
     return b"".join(parts)
 
 
@@ -75,11 +109,11 @@ def decode_properties(buf: bytes) -> dict[str, str]:
 
 
 def encode_dispatch(targets: Iterable[DispatchTarget], offsets: Iterable[int]) -> bytes:
-    parts = []
+    parts: list[bytes] = []
+    pack = _DISPATCH_PACK
     for (topic, qid), qo in zip(targets, offsets):
         tb = topic.encode()
-        parts.append(_DISPATCH.pack(len(tb), qid, qo))
-        parts.append(tb)
+        parts += (pack(len(tb), qid, qo), tb)
     return b"".join(parts)
 
 
@@ -117,8 +151,28 @@ def encode(
             msg.reconsume_times, len(topic), 0, 0, 0, 0, len(proto), 0, 0, 0, len(body),
         ) + topic + proto + body
         return _PACK_PREFIX(len(tail) + 12, MAGIC_MESSAGE, crc32c(tail)) + tail
-    host = msg.born_host.encode()
-    mid = msg.message_id.encode()
+    return encode_head(msg, queue_offset, phys_offset, store_ts, dispatch, origin_offset, origin_size) + body
+
+
+def encode_head(
+    msg: Message,
+    queue_offset: int,
+    phys_offset: int,
+    store_ts: int,
+    dispatch: bytes = b"",
+    origin_offset: int = -1,
+    origin_size: int = 0,
+) -> bytes:
+    """The record of :func:`encode` without its body: ``encode(...) == encode_head(...) + msg.body``.
+
+    The CRC is chained over the body, which is never copied here: the put paths
+    write head and body as two pieces (pwritev, or two slice stores into the map).
+    Every field may be present (properties, keys, ids, extra dispatch).
+    """
+    body = msg.body
+    topic = msg.topic.encode()
+    host = msg.born_host.encode() if msg.born_host else b""
+    mid = msg.message_id.encode() if msg.message_id else b""
     tag = msg.tag.encode() if msg.tag else b""
     group = msg.message_group.encode() if msg.message_group else b""
     proto = msg.protocol.encode()
@@ -127,30 +181,15 @@ def encode(
     # FLAG_LINK is the store's own bit: a message read through a link carries it, and
     # re-putting that message (a retry) must store a real record, not a broken link.
     flags = (msg.flags & ~FLAG_LINK) | (FLAG_LINK if origin_offset >= 0 else 0)
-    fixed = _PACK_FIXED(
-        flags,
-        msg.queue_id,
-        queue_offset,
-        phys_offset,
-        msg.born_timestamp_ms or store_ts,
-        store_ts,
-        msg.delivery_time_ms,
-        origin_offset,
-        origin_size,
-        msg.reconsume_times,
-        len(topic),
-        len(host),
-        len(mid),
-        len(tag),
-        len(group),
-        len(proto),
-        len(keys),
-        len(props),
-        len(dispatch),
-        len(body),
-    )
-    tail = b"".join((fixed, topic, host, mid, tag, group, proto, keys, props, dispatch, body))
-    return _PACK_PREFIX(len(tail) + 12, MAGIC_MESSAGE, crc32c(tail)) + tail
+    head = b"".join((
+        _PACK_FIXED(
+            flags, msg.queue_id, queue_offset, phys_offset, msg.born_timestamp_ms or store_ts, store_ts,
+            msg.delivery_time_ms, origin_offset, origin_size, msg.reconsume_times, len(topic), len(host),
+            len(mid), len(tag), len(group), len(proto), len(keys), len(props), len(dispatch), len(body),
+        ),
+        topic, host, mid, tag, group, proto, keys, props, dispatch,
+    ))
+    return _PACK_PREFIX(len(head) + len(body) + 12, MAGIC_MESSAGE, crc32c(body, crc32c(head))) + head
 
 
 def encoded_size(msg: Message) -> int:
