@@ -58,6 +58,8 @@ class BrokerServer:
         self._checks: asyncio.Queue[list[Any]] = asyncio.Queue(maxsize=10_000)
         self._offered: set[str] = set()  # transactions with a check waiting in _checks
         self._n_connections = 0  # open RPC connections (gateways)
+        self._registering: asyncio.Task | None = None  # registration of a topic change
+        self._reregister = False  # topics changed again while it was under way
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -67,7 +69,7 @@ class BrokerServer:
         # them, a whole cluster stopping gateways first), they would be counted unheard.
         self.controller.transactions.hold_checks = self._no_gateway
         self.controller.set_transaction_checker(self._queue_check)
-        self.controller.on_topics_changed = lambda: asyncio.ensure_future(self.register())
+        self.controller.on_topics_changed = self._topics_changed
         h, p = await self._rpc.start(host, port)
         self.address = f"{self.advertised_host if host in ('0.0.0.0', '::') else h}:{p}"
         await self.register()
@@ -77,6 +79,8 @@ class BrokerServer:
     async def stop(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        if self._registering is not None:
+            self._registering.cancel()
         for ns in self.nameservers:
             try:
                 await ns.call("unregister_broker", self.name, rpc_timeout=1.0)
@@ -105,6 +109,28 @@ class BrokerServer:
             except Exception as e:
                 log.debug("nameserver %s unreachable: %s", ns.address, e)
         return ok
+
+    def _topics_changed(self) -> None:
+        # A topic the broker made itself (a DLQ on the first dead letter of a group): the
+        # nameservers learn of it at once; changes during a registration coalesce into one more.
+        if self._registering is not None and not self._registering.done():
+            self._reregister = True
+            return
+        self._registering = asyncio.ensure_future(self._register_changes())
+
+    async def _register_changes(self) -> None:
+        while True:
+            self._reregister = False
+            await self.register()
+            if not self._reregister:
+                return
+
+    async def _topics_registered(self) -> None:
+        """Wait (bounded) until a topic change this call caused is known to the nameservers,
+        so a client told "done" can route to the new topic at once (pop a DLQ it just fed)."""
+        t = self._registering
+        if t is not None and not t.done():
+            await asyncio.wait({t}, timeout=5.0)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -166,6 +192,7 @@ class BrokerServer:
 
     async def forward_to_dlq(self, group, receipt_handle):
         await self.controller.forward_to_dlq(group, receipt_handle)
+        await self._topics_registered()
 
     async def pull(self, topic, queue_id, offset, max_count, filter_expression=None, wait_ms=0):
         return await self.controller.pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)

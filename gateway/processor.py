@@ -33,7 +33,7 @@ from core_broker.filter import compile_filter
 from core_broker.model import DispatchTarget, FilterExpression, GetResult, Message, MessageType, StoredMessage
 from core_broker.pop_service import PoppedMessage
 from core_broker.receipt import InvalidReceiptHandleError, broker_of
-from core_broker.system_topics import RESERVED_PREFIX, is_lmq, is_system_topic
+from core_broker.system_topics import RESERVED_PREFIX, dlq_topic, is_lmq, is_system_topic
 from core_broker.topic_config import TopicConfig, validate_topic_name
 from core_broker.transaction_service import TransactionChecker
 
@@ -450,13 +450,30 @@ class MessagingProcessor:
         else:
             brokers = [broker]
         last: Exception | None = None
+        tried: set[str] = set()
         for b in brokers:  # the id names its broker only implicitly: try the topic's brokers
+            tried.add(b)
             try:
                 await self.broker.end_transaction(b, transaction_id, commit, "check" if from_check else "client")
                 self.metrics.inc("transactions_committed" if commit else "transactions_rolled_back", ctx.protocol)
                 return
             except UnimqError as e:
                 last = e
+        invalidate = getattr(self.broker, "invalidate", None)
+        if broker is None and invalidate is not None:
+            # separated: a route cached while a cluster (re)started may lack the broker that
+            # holds the half message; ask the nameservers again before saying "unknown"
+            invalidate(topic)
+            route = await self.broker.route(topic)
+            for b in route.brokers if route is not None else ():
+                if b in tried:
+                    continue
+                try:
+                    await self.broker.end_transaction(b, transaction_id, commit, "check" if from_check else "client")
+                    self.metrics.inc("transactions_committed" if commit else "transactions_rolled_back", ctx.protocol)
+                    return
+                except UnimqError as e:
+                    last = e
         raise last if last else TopicNotFoundError(f"topic {topic!r} has no broker")
 
     def set_transaction_checker(self, checker: TransactionChecker | None) -> None:
@@ -620,6 +637,9 @@ class MessagingProcessor:
     async def forward_to_dlq(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
         self.authorizer.check(ctx, "sub", topic)
         await self.broker.forward_to_dlq(self._broker_of_handle(receipt_handle), group, receipt_handle)
+        invalidate = getattr(self.broker, "invalidate", None)
+        if invalidate is not None:  # separated: the DLQ may be new, or new on that broker
+            invalidate(dlq_topic(group))
         self.metrics.inc("dead_lettered", ctx.protocol)
 
     # ------------------------------------------------------------------ pull consumption
