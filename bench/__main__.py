@@ -204,12 +204,14 @@ SUMMARY = "summary"
 
 
 def _summary(text: str) -> str:
-    """The floor rows of every recorded section, gathered from their tables, so one look answers
-    "which floors are met" although sections are recorded by separate runs."""
+    """The floor rows of every generated section block, gathered from their tables, so one look
+    answers "which floors are met" although sections are recorded by separate runs."""
     out = ["Floors of every recorded section (each row links its figures to the section's own run below):", "",
            "| section | row | msgs/s | MB/s | peer (same run) | vs peer | floor | meets |",
            "| --- | --- | ---: | ---: | --- | ---: | --- | :---: |"]
-    for line in text.splitlines():
+    blocks = re.findall(r"<!-- bench:(\w+):begin.*?-->(.*?)<!-- bench:\1:end -->", text, re.S)
+    generated = "\n".join(body for name, body in blocks if name != SUMMARY)
+    for line in generated.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("| ") and len(cells) == 8 and cells[6] != "—" and cells[1] not in ("row", "---"):
             out.append(line)
