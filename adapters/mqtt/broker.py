@@ -256,6 +256,7 @@ class MQTTBroker:
         self._route_gen = 0  # bumped whenever subscriptions change (plans made before are stale)
         self._unified: dict[str, str] = {}  # MQTT topic -> unified topic (cache)
         # messages other doors are sending to MQTT subscribers: id(message) -> plan
+        self._gone_lanes: dict[str, list[str]] = {}  # LMQ being deleted -> brokers that held a lane
         self._xroute: dict[int, tuple[Outgoing, list[tuple[Subscription, DispatchTarget]], list[Subscription],
                                       list[SharedGroup]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -337,25 +338,40 @@ class MQTTBroker:
                 continue
             self.sessions[cid] = s
             s.ctx = RequestContext(protocol="mqtt", client_id=cid)
+            saved_lanes = d.get("l") or {}
             for sub in s.subs.values():
                 self._index_sub(sub)
                 if sub.lmq and not sub.group:
-                    s.cursors[sub.lmq] = Cursor(await self._committed(sub.lmq), must_pull=True)
-                    s.pending[sub.lmq] = 1
+                    # the lanes saved (none in the format before lanes) and the LMQ's route broker,
+                    # where the single cursor of that format was committed
+                    brokers = set(saved_lanes.get(sub.lmq) or ()) if isinstance(saved_lanes, dict) else set()
+                    brokers.update(await self._route_brokers(sub.lmq))
+                    for b in sorted(brokers):
+                        key = (sub.lmq, b)
+                        s.cursors[key] = Cursor(await self._committed(sub.lmq, b), must_pull=True, broker=b)
+                        s.pending[key] = 1
             self._arm_expiry(s)
         if self.sessions:
             log.info("mqtt: restored %d sessions, %d retained messages", len(self.sessions), len(self.retained))
 
-    async def _committed(self, lmq: str) -> int:
+    async def _route_brokers(self, lmq: str) -> list[str]:
         try:
-            off = await self.processor.get_offset(self.ctx, OFFSET_GROUP, lmq, 0)
-        except TopicNotFoundError:
+            return list((await self.processor.query_route(self.ctx, lmq)).brokers)
+        except UnimqError:
+            return []
+
+    async def _committed(self, lmq: str, broker: str) -> int:
+        """A lane's committed offset (or the start of its part of the LMQ) on its broker."""
+        try:
+            await self.processor.host_lmq(self.ctx, lmq, broker)
+            off = await self.processor.get_offset(self.ctx, OFFSET_GROUP, lmq, 0, broker=broker)
+        except UnimqError:
             return 0
         if off is not None:
             return off
         try:
-            return await self.processor.query_offset(self.ctx, lmq, 0, "begin")
-        except TopicNotFoundError:
+            return await self.processor.query_offset(self.ctx, lmq, 0, "begin", broker=broker)
+        except UnimqError:
             return 0
 
     # -- offsets
@@ -372,15 +388,15 @@ class MQTTBroker:
         sessions, self._dirty_sessions = self._dirty_sessions, set()
         for s in sessions:
             dirty, s.dirty = s.dirty, set()
-            for lmq in dirty:
-                cur = s.cursors.get(lmq)
+            for key in dirty:
+                cur = s.cursors.get(key)
                 if cur is None:
                     continue
                 floor = cur.floor()
                 if floor == cur.committed:
                     continue
                 try:
-                    await self.processor.commit_offset(self.ctx, OFFSET_GROUP, lmq, 0, floor)
+                    await self.processor.commit_offset(self.ctx, OFFSET_GROUP, key[0], 0, floor, broker=cur.broker)
                     cur.committed = floor
                 except TopicNotFoundError:
                     pass
@@ -478,13 +494,22 @@ class MQTTBroker:
             return None
         self.trie.remove(sub.filter, s.client_id)
         if sub.lmq:
-            cur = s.cursors.pop(sub.lmq, None)
-            if cur is not None:
-                self._mem_clear(cur)
-            s.pending.pop(sub.lmq, None)
-            s.dirty.discard(sub.lmq)
+            lanes = [k for k in s.cursors if k[0] == sub.lmq]
+            for key in lanes:
+                self._drop_lane(s, key)
+            self._gone_lanes[sub.lmq] = [b for _, b in lanes]
+            if len(self._gone_lanes) > 10_000:  # names whose deletion never ran
+                self._gone_lanes.clear()
             return sub.lmq
         return None
+
+    def _drop_lane(self, s: Session, key: tuple[str, str]) -> None:
+        cur = s.cursors.pop(key, None)
+        if cur is not None:
+            self._mem_clear(cur)
+        s.runs.pop(key[0], None)
+        s.pending.pop(key, None)
+        s.dirty.discard(key)
 
     async def _drop_sub(self, s: Session, sub: Subscription) -> None:
         lmq = self._unindex_sub(s, sub)
@@ -493,6 +518,10 @@ class MQTTBroker:
 
     async def _delete_lmq(self, lmq: str) -> None:
         try:
+            # every broker holding a lane must know the topic, so that deleting it reaches
+            # that broker's part too (the name is used again by a later session of the client)
+            for b in self._gone_lanes.pop(lmq, ()):
+                await self.processor.host_lmq(self.ctx, lmq, b)
             await self.processor.delete_topic(self.ctx, lmq)
         except TopicNotFoundError:
             pass
@@ -536,7 +565,7 @@ class MQTTBroker:
                 elif opts.qos > 0 and not sub.lmq:
                     s.lmq_seq += 1
                     sub.lmq = f"{LMQ_PREFIX}{lmq_safe(s.client_id)}/{s.lmq_seq}"
-                    s.cursors[sub.lmq] = Cursor(0)
+                    # its lanes (one per broker storing its messages) start with the first message
                 self._routes_changed()
             else:
                 existed = False
@@ -545,7 +574,7 @@ class MQTTBroker:
                 if opts.qos > 0 and not group:
                     s.lmq_seq += 1
                     sub.lmq = f"{LMQ_PREFIX}{lmq_safe(s.client_id)}/{s.lmq_seq}"
-                    s.cursors[sub.lmq] = Cursor(0)
+                    # its lanes (one per broker storing its messages) start with the first message
                 s.subs[key] = sub
                 self._index_sub(sub)
             changed = True
@@ -732,12 +761,9 @@ class MQTTBroker:
                         continue
                     s = sub.session
                     if offsets is not None:
-                        self._offer(s, sub, out, offsets[j])  # type: ignore[arg-type]
+                        self._offer(s, sub, out, offsets[j], res.broker)  # type: ignore[arg-type]
                     else:  # no offsets (a remote broker that does not report them): read the store
-                        cur = s.cursors.get(sub.lmq)  # type: ignore[arg-type]
-                        if cur is not None:
-                            cur.must_pull = True
-                        s.pending[sub.lmq] = s.pending.get(sub.lmq, 0) + 1  # type: ignore[index]
+                        self._must_pull(s, sub, res.broker)
                         wake.add(s)
         except MessageTooLargeError:
             codes = [C.RC_PACKET_TOO_LARGE] * len(items)
@@ -817,14 +843,10 @@ class MQTTBroker:
                 try:
                     off = offsets[extra.index(t)]
                 except (ValueError, IndexError):
-                    s = sub.session
-                    cur = s.cursors.get(sub.lmq)  # type: ignore[arg-type]
-                    if cur is not None:
-                        cur.must_pull = True
-                    s.pending[sub.lmq] = s.pending.get(sub.lmq, 0) + 1  # type: ignore[index]
-                    self.wake(s)
+                    self._must_pull(sub.session, sub, res.broker)
+                    self.wake(sub.session)
                     continue
-                self._offer(sub.session, sub, out, off)
+                self._offer(sub.session, sub, out, off, res.broker)
             for sub in direct:
                 conn = sub.session.conn
                 if conn is not None:
@@ -872,25 +894,66 @@ class MQTTBroker:
         s.pumping = True
         self.spawn(self._pump(s))
 
-    def _offer(self, s: Session, sub: Subscription, out: Outgoing, offset: int) -> None:
-        """A message was just stored at ``offset`` of ``sub``'s LMQ: send it, queue it, or leave it to a pull."""
-        cur = s.cursors.get(sub.lmq)  # type: ignore[arg-type]
+    def _lane(self, s: Session, sub: Subscription, broker: str) -> Cursor | None:
+        """``sub``'s lane on ``broker``, made on the first message that broker stored for it.
+
+        A new lane starts at offset 0: the LMQ's part on that broker began with this
+        subscription (its LMQ name is new), and earlier entries sent by concurrent
+        publishes the door has not seen yet must not be skipped. None: ``sub`` is gone.
+        """
+        key = (sub.lmq, broker)
+        cur = s.cursors.get(key)  # type: ignore[arg-type]
+        if cur is None and sub.lmq and not sub.group and s.subs.get(sub.filter) is sub:
+            lmq = sub.lmq
+            others = [c for k, c in s.cursors.items() if k[0] == lmq]
+            if others and lmq not in s.runs:
+                # a second lane: from now on the order across lanes is recorded (see Session.runs);
+                # what the first lane holds unread came before
+                runs = s.runs[lmq] = deque()
+                for c in others:
+                    if c.known_end > c.read:
+                        runs.append([c.broker, c.known_end - c.read])
+            cur = s.cursors[key] = Cursor(0, broker=broker)  # type: ignore[index]
+            if s.persistent:  # the lane list is part of the saved session (read back after a restart)
+                self.spawn(self._save_session(s))
+        return cur
+
+    def _must_pull(self, s: Session, sub: Subscription, broker: str) -> None:
+        cur = self._lane(s, sub, broker)
+        if cur is not None:
+            cur.must_pull = True
+            key = (sub.lmq, broker)
+            s.pending[key] = s.pending.get(key, 0) + 1  # type: ignore[index]
+
+    def _offer(self, s: Session, sub: Subscription, out: Outgoing, offset: int, broker: str) -> None:
+        """A message was just stored at ``offset`` of ``sub``'s lane on ``broker``: send it, queue it,
+        or leave it to a pull."""
+        key = (sub.lmq, broker)
+        cur = s.cursors.get(key)  # type: ignore[arg-type]
         if cur is None:
-            return
+            cur = self._lane(s, sub, broker)
+            if cur is None:
+                return
         if offset >= cur.known_end:
             cur.known_end = offset + 1
         conn = s.conn
-        if conn is None:
-            return  # offline: it waits in the store
         mem = cur.mem
-        if (not mem and cur.read == offset and not cur.must_pull and not s.pumping and conn.writable
-                and s.outstanding() < conn.window and not conn.closed):
-            self._deliver_lmq(s, conn, sub, cur, sub.lmq, offset, out)  # type: ignore[arg-type]
+        runs = s.runs.get(key[0]) if s.runs else None  # type: ignore[arg-type]
+        if (conn is not None and not mem and cur.read == offset and not cur.must_pull and not s.pumping
+                and conn.writable and s.outstanding() < conn.window and not conn.closed and not runs):
+            self._deliver_lmq(s, conn, sub, cur, key, offset, out)  # type: ignore[arg-type]
             cur.read = offset + 1
             return
+        if runs is not None:  # this LMQ has several lanes: remember the order across them
+            if runs and runs[-1][0] == broker:
+                runs[-1][1] += 1
+            else:
+                runs.append([broker, 1])
+        if conn is None:
+            return  # offline: it waits in the store
         if (mem[-1][0] + 1 == offset) if mem else (cur.read == offset):
             self._mem_push(cur, offset, out)
-        s.pending[sub.lmq] = s.pending.get(sub.lmq, 0) + 1  # type: ignore[index]
+        s.pending[key] = s.pending.get(key, 0) + 1  # type: ignore[index]
         self.wake(s)
 
     def _mem_push(self, cur: Cursor, offset: int, out: Outgoing) -> None:
@@ -914,8 +977,8 @@ class MQTTBroker:
         cur.mem_bytes = 0
         cur.mem.clear()
 
-    def _deliver_lmq(self, s: Session, conn: "Connection", sub: Subscription | None, cur: Cursor, lmq: str,
-                     off: int, out: Outgoing) -> None:
+    def _deliver_lmq(self, s: Session, conn: "Connection", sub: Subscription | None, cur: Cursor,
+                     lmq: tuple[str, str], off: int, out: Outgoing) -> None:
         cur.out.append(off)
         s.dirty.add(lmq)
         self._dirty_sessions.add(s)
@@ -947,17 +1010,26 @@ class MQTTBroker:
                 if room <= 0 or not conn.writable:
                     return  # an ack or resume_writing wakes us again
                 progressed = False
-                for lmq in list(s.pending):
+                for lmq in list(s.pending):  # lanes (lmq, broker)
                     cur = s.cursors.get(lmq)
                     if cur is None:
                         s.pending.pop(lmq, None)
                         continue
-                    sub = self._sub_of_lmq(s, lmq)
+                    sub = self._sub_of_lmq(s, lmq[0])
                     mem = cur.mem
+                    runs = s.runs.get(lmq[0]) if s.runs else None
+                    limit = room
+                    if runs:
+                        head = self._run_head(s, lmq[0], runs)
+                        if head is not None:
+                            if head[0] != cur.broker:
+                                continue  # another lane's messages were stored first
+                            limit = min(room, head[1])
+                    start = cur.read
                     if mem and room > 0:
                         took = 0
                         freed = 0
-                        while mem and took < room:
+                        while mem and took < limit:
                             off, out = mem.popleft()
                             freed += len(out.payload) + MEM_ENTRY_OVERHEAD
                             if off != cur.read:  # pragma: no cover - defensive: fall back to the store
@@ -972,12 +1044,21 @@ class MQTTBroker:
                         self.mem_used -= freed
                         room -= took
                         progressed = True
+                    if runs:
+                        limit = self._run_taken(runs, cur, start, limit)
                     if room <= 0:
                         break
-                    if cur.must_pull or cur.read < cur.known_end:
-                        want = min(room, 512)
+                    if (cur.must_pull or cur.read < cur.known_end) and limit > 0:
+                        want = min(room, limit, 512)
+                        start = cur.read
                         try:
-                            r = await self.processor.pull(s.ctx or self.ctx, lmq, 0, cur.read, want)
+                            if not cur.hosted:
+                                # in separated mode the lane's broker need not be one the LMQ's route
+                                # names, and a pull there needs the topic known (once per lane)
+                                await self.processor.host_lmq(self.ctx, lmq[0], cur.broker)
+                                cur.hosted = True
+                            r = await self.processor.pull(s.ctx or self.ctx, lmq[0], 0, cur.read, want,
+                                                          broker=cur.broker)
                         except TopicNotFoundError:
                             cur.must_pull = False
                             cur.known_end = cur.read
@@ -1008,6 +1089,8 @@ class MQTTBroker:
                             cur.must_pull = False
                             if cur.known_end < cur.read:
                                 cur.known_end = cur.read
+                        if runs:
+                            self._run_taken(runs, cur, start, want)
                     if not mem and not cur.must_pull and cur.read >= cur.known_end:
                         s.pending.pop(lmq, None)
                     if room <= 0:
@@ -1016,6 +1099,36 @@ class MQTTBroker:
                     return
         finally:
             s.pumping = False
+
+    @staticmethod
+    def _run_head(s: Session, lmq: str, runs: Any) -> list[Any] | None:
+        """The oldest run whose lane still has something to read (stale runs are dropped:
+        counts are best effort, e.g. after a reconnect re-reads from the committed floor)."""
+        while runs:
+            head = runs[0]
+            key = (lmq, head[0])
+            c = s.cursors.get(key)
+            if c is None or key not in s.pending or (not c.mem and not c.must_pull and c.read >= c.known_end):
+                runs.popleft()
+                continue
+            return head
+        return None
+
+    @staticmethod
+    def _run_taken(runs: Any, cur: Cursor, start: int, limit: int) -> int:
+        """``cur``'s lane delivered offsets ``start..cur.read``: take them off its oldest runs."""
+        done = cur.read - start
+        left = limit - done
+        for run in runs:
+            if done <= 0:
+                break
+            if run[0] == cur.broker:
+                k = min(done, run[1])
+                run[1] -= k
+                done -= k
+        while runs and runs[0][1] <= 0:
+            runs.popleft()
+        return left
 
     @staticmethod
     def _sub_of_lmq(s: Session, lmq: str) -> Subscription | None:

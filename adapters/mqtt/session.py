@@ -81,11 +81,21 @@ class Subscription:
 
 
 class Cursor:
-    """A session's progress through one LMQ: next offset to read, offsets in flight."""
+    """A session's progress through one lane of an LMQ: next offset to read, offsets in flight.
 
-    __slots__ = ("read", "out", "done", "committed", "mem", "mem_bytes", "known_end", "must_pull")
+    Why lanes: in the separated deployment a message's LMQ entry is written by the
+    broker that stores the message, so one subscription's LMQ has a part (its own
+    offsets, from 0) on every broker that took a matching publish. Each part is a
+    lane with its own cursor, read and committed on its broker; merged mode has one.
+    Keyed ``(lmq, broker)`` in ``Session.cursors``.
+    """
 
-    def __init__(self, read: int, must_pull: bool = False) -> None:
+    __slots__ = ("read", "out", "done", "committed", "mem", "mem_bytes", "known_end", "must_pull", "broker",
+                 "hosted")
+
+    def __init__(self, read: int, must_pull: bool = False, broker: str = "") -> None:
+        self.broker = broker  # the broker holding this lane
+        self.hosted = False  # the LMQ topic is known to exist on that broker (see MqttBroker._pump)
         self.read = read  # next offset to hand to the client
         self.out: deque[int] = deque()  # offsets sent, in order, not yet acknowledged
         self.done: set[int] = set()  # acknowledged out of order
@@ -123,11 +133,11 @@ class Inflight:
 
     __slots__ = ("msg", "qos", "lmq", "offset", "receipt", "sub_ids")
 
-    def __init__(self, msg: Outgoing, qos: int, lmq: str | None, offset: int, receipt: str | None,
+    def __init__(self, msg: Outgoing, qos: int, lmq: Any, offset: int, receipt: str | None,
                  sub_ids: list[int] | None) -> None:
         self.msg = msg
         self.qos = qos
-        self.lmq = lmq
+        self.lmq = lmq  # the lane (lmq, broker) of a subscription's message; a shared group's LMQ name
         self.offset = offset
         self.receipt = receipt  # shared subscriptions: the pop receipt handle (lmq is the group's)
         self.sub_ids = sub_ids
@@ -137,7 +147,7 @@ class Session:
     __slots__ = (
         "client_id", "version", "expiry", "subs", "lmq_seq", "conn", "cursors", "pending",
         "inflight", "pubrel", "qos2_in", "next_pid", "pumping", "disconnected_at", "expiry_handle",
-        "will_handle", "dirty", "has_sub_ids", "ctx",
+        "will_handle", "dirty", "has_sub_ids", "ctx", "runs",
     )
 
     def __init__(self, client_id: str, version: int = MQTT_311, expiry: int = 0) -> None:
@@ -147,8 +157,8 @@ class Session:
         self.subs: dict[str, Subscription] = {}  # key (filter or $share/g/f) -> subscription
         self.lmq_seq = 0
         self.conn: Any = None
-        self.cursors: dict[str, Cursor] = {}  # lmq -> cursor
-        self.pending: dict[str, int] = {}  # lmq -> wake generation (has data to read)
+        self.cursors: dict[tuple[str, str], Cursor] = {}  # (lmq, broker) -> that lane's cursor
+        self.pending: dict[tuple[str, str], int] = {}  # lane -> wake generation (has data to read)
         self.inflight: dict[int, Inflight] = {}  # packet id -> outbound in flight
         self.pubrel: set[int] = set()  # outbound QoS 2: PUBREC received, PUBCOMP awaited
         self.qos2_in: set[int] = set()  # inbound QoS 2: stored, PUBREL awaited
@@ -157,9 +167,13 @@ class Session:
         self.disconnected_at = 0  # ms
         self.expiry_handle: Any = None
         self.will_handle: Any = None
-        self.dirty: set[str] = set()  # lmqs whose committed offset must be written
+        self.dirty: set[tuple[str, str]] = set()  # lanes whose committed offset must be written
         self.has_sub_ids = False
         self.ctx: Any = None
+        # lmq -> runs [broker, how many offsets] of messages waiting in its lanes, oldest first:
+        # the order they were stored in across brokers, so a read-back interleaves the lanes
+        # the same way. Only for an LMQ with more than one lane (never in merged mode).
+        self.runs: dict[str, deque[list[Any]]] = {}
 
     @property
     def persistent(self) -> bool:
@@ -180,6 +194,13 @@ class Session:
     def outstanding(self) -> int:
         return len(self.inflight) + len(self.pubrel)
 
+    def lanes(self) -> dict[str, list[str]]:
+        """LMQ -> the brokers holding a lane of it (saved: after a restart each is read back)."""
+        out: dict[str, list[str]] = {}
+        for lmq, b in self.cursors:
+            out.setdefault(lmq, []).append(b)
+        return out
+
     def to_json(self) -> bytes:
         return json.dumps(
             {
@@ -189,6 +210,7 @@ class Session:
                 "d": self.disconnected_at or (0 if self.conn is not None else int(time.time() * 1000)),
                 "s": [s.to_json() for s in self.subs.values()],
                 "q": sorted(self.qos2_in),
+                "l": self.lanes(),
             },
             separators=(",", ":"),
         ).encode()
