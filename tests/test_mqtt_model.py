@@ -168,3 +168,33 @@ async def test_messages_other_doors_send_on_mqtt_topics_reach_mqtt_subscribers(d
     assert [x.body for x in r.messages] == [b"52.1,4.3"]
     for c in (q1, q0):
         await athread(c.disconnect)
+
+
+async def test_session_saved_before_lanes_restores_one_lane_on_the_route_broker(door) -> None:
+    """A session record without lanes (the format before them) and its offset committed
+    without a broker: after a restart the door reads on from that committed offset."""
+    import json
+
+    from adapters.mqtt.broker import message_properties
+    from core_broker.model import DispatchTarget, Message
+
+    p = door.processor
+    lmq = "%LMQ%mqtt/old-dev/1"
+    await p.create_topic(CTX, lmq, queues=1, exist_ok=True)
+    await p.send(CTX, [Message("old", f"m{i}".encode(), properties=message_properties("old/x", 1, False, None),
+                               protocol="mqtt", extra_dispatch=(DispatchTarget(lmq, 0),)) for i in range(5)])
+    await p.commit_offset(CTX, "mqtt", lmq, 0, 2)  # as the door did before lanes: no broker named
+    old = {"v": 4, "e": 0xFFFFFFFF, "n": 1, "d": 0, "s": [["old/#", 1, 0, 0, 0, 0, lmq]], "q": []}
+    await p.kv_put(CTX, "mqtt.sessions", "old-dev", json.dumps(old).encode())
+    d2 = MQTTDoor(SimpleNamespace(processor=p, settings=None), MQTTBroker(p, MQTTConfig()), host="127.0.0.1", port=0)
+    _, port2 = await d2.start()  # loads the record, as a restarted door does
+    try:
+        s = d2.broker.sessions["old-dev"]
+        assert [(k[0], c.read) for k, c in s.cursors.items()] == [(lmq, 2)]
+        c = Paho(port2, "old-dev", clean=False, connect=False)
+        await athread(c.connect)
+        got = await athread(c.get_n, 3)
+        assert [m.payload for m in got] == [b"m2", b"m3", b"m4"]
+        await athread(c.disconnect)
+    finally:
+        await d2.stop()
