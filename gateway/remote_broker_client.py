@@ -325,13 +325,21 @@ class RemoteBrokerClient:
         return await self._call(broker, "query_offset", topic, queue_id, policy, timestamp_ms)
 
     async def query_by_id(self, message_id):
-        for b in await self._brokers():
-            try:
-                m = await self._call(b["name"], "query_by_id", message_id)
-            except PeerUnavailableError:
-                continue
-            if m is not None:
-                return m
+        # Ask the brokers we know; when none has it, ask the nameservers again and try the
+        # brokers not asked yet: a list cached while a cluster restarted may lack a broker
+        # (the id's broker is not in the id, as any broker may have stored it).
+        asked: set[str] = set()
+        for refresh in (False, True):
+            for b in await self._brokers(refresh=refresh):
+                if b["name"] in asked:
+                    continue
+                try:
+                    m = await self._call(b["name"], "query_by_id", message_id)
+                except PeerUnavailableError:
+                    continue
+                asked.add(b["name"])
+                if m is not None:
+                    return m
         return None
 
     async def query_by_key(self, topic, key, begin_ms, end_ms, max_count):
