@@ -201,7 +201,7 @@ def _block_marks(name: str) -> tuple[str, str]:
 
 
 SUMMARY = "summary"
-HAND_KEPT = "## Earlier runs and analysis"
+HAND_KEPT = "\n## Earlier runs and analysis"
 
 
 def _summary(text: str) -> str:
@@ -234,7 +234,7 @@ def write_results(blocks: dict[str, str], path: Path) -> None:
             text = pat.sub(lambda _m: new, text, count=1)
         elif HAND_KEPT in text:  # new blocks go before the hand-kept analysis
             i = text.index(HAND_KEPT)
-            text = text[:i] + new + "\n\n" + text[i:]
+            text = text[:i].rstrip("\n") + "\n\n" + new + "\n" + text[i:]
         else:
             text = text.rstrip() + "\n\n" + new + "\n"
     begin, end = _block_marks(SUMMARY)
