@@ -444,32 +444,27 @@ class MessagingProcessor:
         broker: str | None = None,
     ) -> None:
         self.authorizer.check(ctx, "pub", topic)
-        if broker is None:
-            route = await self._route(ctx, topic)
-            brokers = route.brokers
-        else:
-            brokers = [broker]
+        kind = "check" if from_check else "client"
         last: Exception | None = None
         tried: set[str] = set()
-        for b in brokers:  # the id names its broker only implicitly: try the topic's brokers
-            tried.add(b)
-            try:
-                await self.broker.end_transaction(b, transaction_id, commit, "check" if from_check else "client")
-                self.metrics.inc("transactions_committed" if commit else "transactions_rolled_back", ctx.protocol)
-                return
-            except UnimqError as e:
-                last = e
         invalidate = getattr(self.broker, "invalidate", None)
-        if broker is None and invalidate is not None:
-            # separated: a route cached while a cluster (re)started may lack the broker that
-            # holds the half message; ask the nameservers again before saying "unknown"
-            invalidate(topic)
-            route = await self.broker.route(topic)
-            for b in route.brokers if route is not None else ():
+        for fresh in (False, True):
+            if not fresh:
+                brokers = [broker] if broker is not None else (await self._route(ctx, topic)).brokers
+            elif broker is None and invalidate is not None:
+                # separated: a route cached while a cluster (re)started may lack the broker that
+                # holds the half message; ask the nameservers again before saying "unknown"
+                invalidate(topic)
+                route = await self.broker.route(topic)
+                brokers = route.brokers if route is not None else []
+            else:
+                break
+            for b in brokers:  # the id names its broker only implicitly: try the topic's brokers
                 if b in tried:
                     continue
+                tried.add(b)
                 try:
-                    await self.broker.end_transaction(b, transaction_id, commit, "check" if from_check else "client")
+                    await self.broker.end_transaction(b, transaction_id, commit, kind)
                     self.metrics.inc("transactions_committed" if commit else "transactions_rolled_back", ctx.protocol)
                     return
                 except UnimqError as e:
