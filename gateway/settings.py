@@ -132,7 +132,7 @@ class UnimqSettings:
     mqtt_max_session_expiry: int = 4294967295
     # Bytes of just-stored QoS 1/2 messages the MQTT door keeps in memory for sessions that
     # are behind (delivered without a read back from the store); past it they are pulled.
-    mqtt_mem_queue_bytes: int = 64 * 1024 * 1024
+    mqtt_mem_queue_bytes: int = 256 * 1024 * 1024
     # gRPC door (RocketMQ 5 v2 protocol). TLS: both PEM files given -> the gRPC port
     # serves TLS only; both empty -> plaintext (the official clients' default).
     grpc_tls_cert: str = ""

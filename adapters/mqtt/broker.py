@@ -108,7 +108,7 @@ class MQTTConfig:
     # Bytes of just-stored QoS 1/2 messages kept in memory, over all connected sessions
     # that are behind, so that delivering them needs no read back from the store. Past
     # this, a session's queue is read from the store (pull by offset) as usual.
-    mem_queue_bytes: int = 64 * 1024 * 1024
+    mem_queue_bytes: int = 256 * 1024 * 1024
 
 
 def _now_ms() -> int:
@@ -951,7 +951,8 @@ class MQTTBroker:
                 runs.append([broker, 1])
         if conn is None:
             return  # offline: it waits in the store
-        if (mem[-1][0] + 1 == offset) if mem else (cur.read == offset):
+        if offset > mem[-1][0] if mem else offset >= cur.read:
+            # a gap before it (messages past the budget) is read back from the store
             self._mem_push(cur, offset, out)
         s.pending[key] = s.pending.get(key, 0) + 1  # type: ignore[index]
         self.wake(s)
@@ -1030,26 +1031,31 @@ class MQTTBroker:
                         took = 0
                         freed = 0
                         while mem and took < limit:
-                            off, out = mem.popleft()
+                            off, out = mem[0]
+                            if off != cur.read:
+                                if off > cur.read:
+                                    break  # a gap: the store holds what comes before
+                                mem.popleft()  # already delivered from the store
+                                freed += len(out.payload) + MEM_ENTRY_OVERHEAD
+                                continue
+                            mem.popleft()
                             freed += len(out.payload) + MEM_ENTRY_OVERHEAD
-                            if off != cur.read:  # pragma: no cover - defensive: fall back to the store
-                                mem.clear()
-                                freed = cur.mem_bytes
-                                cur.must_pull = True
-                                break
                             self._deliver_lmq(s, conn, sub, cur, lmq, off, out)
                             cur.read = off + 1
                             took += 1
                         cur.mem_bytes -= freed
                         self.mem_used -= freed
                         room -= took
-                        progressed = True
+                        if took or freed:
+                            progressed = True
                     if runs:
                         limit = self._run_taken(runs, cur, start, limit)
                     if room <= 0:
                         break
                     if (cur.must_pull or cur.read < cur.known_end) and limit > 0:
                         want = min(room, limit, 512)
+                        if mem and mem[0][0] > cur.read:
+                            want = min(want, mem[0][0] - cur.read)  # up to the in-memory part
                         start = cur.read
                         try:
                             if not cur.hosted:
@@ -1077,11 +1083,8 @@ class MQTTBroker:
                             self._deliver_lmq(s, conn, sub, cur, lmq, off,
                                               outgoing_from_stored(m.properties, m.body, m.topic))
                             cur.read = off + 1
-                        if mem and mem[0][0] < cur.read:
-                            while mem and mem[0][0] < cur.read:
-                                self._mem_popleft(cur)
-                            if mem and mem[0][0] != cur.read:
-                                self._mem_clear(cur)
+                        while mem and mem[0][0] < cur.read:
+                            self._mem_popleft(cur)
                         if msgs:
                             progressed = True
                             room -= len(msgs)

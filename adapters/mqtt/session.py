@@ -101,8 +101,10 @@ class Cursor:
         self.done: set[int] = set()  # acknowledged out of order
         self.committed = read
         # Messages just stored in this LMQ, kept in memory so a connected session that is
-        # a little behind need not read them back from the store: contiguous offsets
-        # starting at ``read``, bounded; anything else is pulled from the store.
+        # behind need not read them back from the store: ascending offsets at or past
+        # ``read``, bounded by the broker's byte budget. Gaps (what arrived while the
+        # budget was spent) are pulled from the store up to the next entry held here, so
+        # a session that fell far behind goes back to memory as soon as room frees.
         self.mem: deque[tuple[int, Any]] = deque()
         self.mem_bytes = 0  # what ``mem`` holds, as counted against the broker's budget
         self.known_end = read  # one past the highest offset known to be in the LMQ
