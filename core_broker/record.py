@@ -95,7 +95,31 @@ def encode_properties(props: dict[str, str]) -> bytes:
     return b"".join(parts)
 
 
+# Decoded property blocks, by their bytes: the same doors stamp the same few blocks on
+# most messages (an MQTT topic and QoS, a CloudEvents type and source), and decoding a
+# block entry by entry costs more than the rest of a record's decode. Callers get a
+# copy (they may change it); blocks with a unique value (ce_id) just miss, and the
+# table starts over when full, so its size stays bounded whatever clients send.
+_BLOCKS: dict[bytes, dict[str, str]] = {}
+_BLOCKS_MAX = 4096
+_BLOCK_MAX_LEN = 512
+
+
 def decode_properties(buf: bytes) -> dict[str, str]:
+    if len(buf) <= _BLOCK_MAX_LEN:
+        if buf.__class__ is not bytes:
+            buf = bytes(buf)
+        d = _BLOCKS.get(buf)
+        if d is None:
+            d = _decode_properties(buf)
+            if len(_BLOCKS) >= _BLOCKS_MAX:
+                _BLOCKS.clear()
+            _BLOCKS[buf] = d
+        return d.copy()
+    return _decode_properties(buf)
+
+
+def _decode_properties(buf: bytes) -> dict[str, str]:
     props: dict[str, str] = {}
     pos, end = 0, len(buf)
     while pos < end:
@@ -115,6 +139,27 @@ def encode_dispatch(targets: Iterable[DispatchTarget], offsets: Iterable[int]) -
         tb = topic.encode()
         parts += (pack(len(tb), qid, qo), tb)
     return b"".join(parts)
+
+
+# Decoded dispatch targets of one-target records (a door's LMQ or queue), by the
+# target's bytes without the per-record queue offset; DispatchTargets are immutable,
+# so every record naming the same queue shares one. Bounded as _BLOCKS is.
+_TARGETS: dict[bytes, tuple[DispatchTarget, ...]] = {}
+_tuple_new = tuple.__new__
+
+
+def decode_targets(buf: bytes) -> tuple[DispatchTarget, ...]:
+    """The (topic, queue) targets of a dispatch block, without their queue offsets."""
+    if len(buf) == _DISPATCH.size + (buf[0] | buf[1] << 8):  # one target: the common case
+        key = bytes(buf[2:6]) + buf[_DISPATCH.size :]
+        t = _TARGETS.get(key)
+        if t is None:
+            t = tuple(_tuple_new(DispatchTarget, (n, q)) for n, q, _ in decode_dispatch(buf))
+            if len(_TARGETS) >= _BLOCKS_MAX:
+                _TARGETS.clear()
+            _TARGETS[key] = t
+        return t
+    return tuple(_tuple_new(DispatchTarget, (n, q)) for n, q, _ in decode_dispatch(buf))
 
 
 def decode_dispatch(buf: bytes) -> list[tuple[str, int, int]]:
@@ -298,7 +343,7 @@ def decode(buf, pos: int, verify: bool = True) -> StoredMessage:
     p, e = e, e + f[17]
     m.properties = decode_properties(buf[p:e]) if f[17] else {}
     p, e = e, e + f[18]
-    m.extra_dispatch = tuple(DispatchTarget(t, q) for t, q, _ in decode_dispatch(buf[p:e])) if f[18] else ()
+    m.extra_dispatch = decode_targets(buf[p:e]) if f[18] else ()
     p, e = e, e + f[19]
     m.body = buf[p:e]
     return m

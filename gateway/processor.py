@@ -45,6 +45,13 @@ from .metrics import Metrics
 
 log = logging.getLogger("unimq.processor")
 
+# Property names seen on sends that do not start with RESERVED_PREFIX: doors stamp the
+# same few names on every message, and one C-level set check per message is cheaper
+# than testing each name's prefix (a generator per message). Bounded: names are the
+# clients'; past the bound the prefix test just runs every time.
+_PLAIN_KEYS: set[str] = set()
+_PLAIN_KEYS_MAX = 4096
+
 
 class MessageTypeMismatchError(BadRequestError):
     code = "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
@@ -291,8 +298,11 @@ class MessagingProcessor:
                     f"{mtype} messages"
                 )
             props = m.properties
-            if props and any(k.startswith(RESERVED_PREFIX) for k in props):
-                m.properties = {k: v for k, v in props.items() if not k.startswith(RESERVED_PREFIX)}
+            if props and not _PLAIN_KEYS.issuperset(props):
+                if any(k.startswith(RESERVED_PREFIX) for k in props):
+                    m.properties = {k: v for k, v in props.items() if not k.startswith(RESERVED_PREFIX)}
+                elif len(_PLAIN_KEYS) < _PLAIN_KEYS_MAX:
+                    _PLAIN_KEYS.update(props)
             if m.protocol == "internal":
                 m.protocol = protocol
             if not m.born_host:

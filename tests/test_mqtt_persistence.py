@@ -211,3 +211,45 @@ def test_qos2_inbound_packet_ids_survive_restart(unimq_server, cfg: str) -> None
     assert [m.payload for m in watcher.get_n(1)] == [b"twice"]
     watcher.nothing(0.5)
     watcher.disconnect()
+
+
+def test_qos2_outbound_pubrel_survives_restart(unimq_server, cfg: str) -> None:
+    """A subscriber that PUBRECed a QoS 2 message before a restart gets its PUBREL after it.
+
+    paho (and most clients) hand an inbound QoS 2 message to the application only
+    on PUBREL. The door acknowledges the message's queue offset at PUBREC, so if
+    the PUBREL owed were forgotten in a restart the message would be lost for that
+    subscriber; re-sending it as a new PUBLISH instead would deliver it twice.
+    """
+    srv = start(unimq_server, cfg)
+    port = srv.ports["mqtt"]
+    expiry = {"session_expiry_interval": 3600}
+    sub = RawClient(port, C.MQTT_5)
+    assert not sub.connect("q2-sub", clean=False, properties=expiry).session_present
+    sub.send(C.Subscribe(1, [("q2o/#", C.SubOptions(qos=2))]))
+    assert sub.recv_type(C.Suback).reason_codes == [2]
+    pub = Paho(port)
+    pub.publish("q2o/a", b"exactly-once", qos=2)
+    pub.disconnect()
+    p = sub.recv_type(C.Publish)
+    assert (p.payload, p.qos) == (b"exactly-once", 2)
+    sub.send(C.PubRec(p.packet_id))
+    assert sub.recv_type(C.PubRel).packet_id == p.packet_id
+    sub.close()  # gone before PUBCOMP: its application has not seen the message yet
+
+    srv = restart(unimq_server, srv)
+    port = srv.ports["mqtt"]
+    sub = RawClient(port, C.MQTT_5)
+    assert sub.connect("q2-sub", clean=False, properties=expiry).session_present
+    rel = sub.recv_type(C.PubRel)
+    assert (rel.packet_id, rel.reason_code) == (p.packet_id, 0)
+    sub.send(C.PubComp(p.packet_id))
+    pub = Paho(port)
+    pub.publish("q2o/a", b"next", qos=2)
+    pub.disconnect()
+    nxt = sub.recv_type(C.Publish)  # the next message, not the completed one again
+    assert (nxt.payload, nxt.dup) == (b"next", False)
+    sub.send(C.PubRec(nxt.packet_id))
+    assert sub.recv_type(C.PubRel).packet_id == nxt.packet_id
+    sub.send(C.PubComp(nxt.packet_id))
+    sub.close()

@@ -328,6 +328,7 @@ class MQTTBroker:
                 s.lmq_seq = d["n"]
                 s.disconnected_at = d["d"] or now
                 s.qos2_in = {int(pid) for pid in d.get("q", ()) if 0 < int(pid) < 65536}
+                s.pubrel = {int(pid) for pid in d.get("r", ()) if 0 < int(pid) < 65536}
                 for key, qos, nl, rap, rh, sid, lmq in d["s"]:
                     group, flt = parse_shared(key)
                     sub = Subscription(flt, qos, s, no_local=bool(nl), rap=bool(rap), rh=rh, sub_id=sid, lmq=lmq,
@@ -1724,11 +1725,14 @@ class Connection:
             f = s.inflight.get(pkt.packet_id)
             if f is not None and f.qos == 2:
                 del s.inflight[pkt.packet_id]
-                b.acked(s, f)
                 if pkt.reason_code < 0x80:
                     s.pubrel.add(pkt.packet_id)
+                    if s.persistent:  # the PUBREL to send outlives a restart (see session.py)
+                        await b._save_session(s)
+                    b.acked(s, f)
                     self.send(encode(C.PubRel(pkt.packet_id), self.version))
                 else:
+                    b.acked(s, f)
                     self._freed = True
             elif pkt.packet_id in s.pubrel:
                 self.send(encode(C.PubRel(pkt.packet_id), self.version))

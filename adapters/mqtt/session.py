@@ -10,8 +10,13 @@ subscription's ``%LMQ%`` queue, and the session's progress through a queue is
 the processor's committed consumer offset (group ``mqtt``). Why the inbound
 QoS 2 ids: a client that did not see the PUBREC resends the PUBLISH (DUP) after
 a restart too, and only the remembered id tells that it is stored already
-(exactly once). Outbound in-flight packet ids and the DUP bookkeeping are
-connection-era state kept in memory only, as MQTT allows.
+(exactly once). Outbound, the packet ids whose PUBREC arrived (PUBREL sent,
+PUBCOMP awaited) are saved before the message's offset is acknowledged: a
+subscriber that hands a QoS 2 message to its application on PUBREL (paho does)
+must get that PUBREL after a restart too, or the message is lost for it while the
+queue says delivered. Other outbound in-flight state (the packet id of a PUBLISH
+not yet PUBRECed) stays in memory: such a message is not acknowledged, so after a
+restart it is read from the queue again and sent with a new id.
 """
 
 from __future__ import annotations
@@ -212,6 +217,7 @@ class Session:
                 "d": self.disconnected_at or (0 if self.conn is not None else int(time.time() * 1000)),
                 "s": [s.to_json() for s in self.subs.values()],
                 "q": sorted(self.qos2_in),
+                "r": sorted(self.pubrel),
                 "l": self.lanes(),
             },
             separators=(",", ":"),
