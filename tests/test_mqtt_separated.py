@@ -171,3 +171,25 @@ def test_gateway_restart_keeps_every_brokers_backlog(cluster: Cluster, how: str)
             first = list(dict.fromkeys(m.payload for m in got if m.topic == t))
             assert first == [b for i, b in enumerate(sent) if TOPICS[i % len(TOPICS)] == t]
     sub.disconnect()
+
+
+def test_discarded_session_leaves_no_lane_behind(cluster: Cluster) -> None:
+    """A clean start discards a session whose LMQ has a lane on each broker: every lane goes,
+    so a later session of the same client (whose LMQ gets the same name) starts empty."""
+    port = _mqtt_port(cluster)
+    cid = "sep-discard"
+    sub = Paho(port, cid, clean=False)
+    sub.subscribe("+/x", qos=1)
+    sub.disconnect()
+    _publish(port, "old")
+    ends = _lane_ends(cluster, f"%LMQ%mqtt/{cid}/1")
+    assert sum(ends.values()) == N and all(v > 0 for v in ends.values()), ends
+    Paho(port, cid, clean=True).disconnect()  # discards the stored session and its LMQ
+    sub = Paho(port, cid, clean=False)
+    assert not sub.connack[-1][0].session_present
+    sub.subscribe("+/x", qos=1)
+    sent = _publish(port, "new")
+    ends = _lane_ends(cluster, f"%LMQ%mqtt/{cid}/1")  # the same name again, holding only the new ones
+    assert sum(ends.values()) == N, ends
+    _check(sub, sent)  # only the new messages: nothing of the discarded session's lanes
+    sub.disconnect()
