@@ -160,8 +160,28 @@ class BrokerController:
         await self.write_snapshot()
         await asyncio.to_thread(self.store.shutdown)
 
+    def prune_tombstones(self, now_ms: int | None = None) -> int:
+        """Forget tombstones older than ``kv_tombstone_ttl_s``; return how many went.
+
+        Without this every client id that ever ended a persistent session would stay
+        in memory and in every snapshot for ever. Run with each snapshot, so the
+        snapshot (and a restart from it) is where a tombstone ends.
+        """
+        if now_ms is None:
+            now_ms = int(time.time() * 1000)
+        horizon = int(now_ms - self.config.kv_tombstone_ttl_s * 1000) << 20
+        gone = 0
+        for ns, vers in self.kv_versions.items():
+            live = self.kv.get(ns, {})
+            dead = [k for k, v in vers.items() if v < horizon and k not in live]
+            for k in dead:
+                del vers[k]
+            gone += len(dead)
+        return gone
+
     def _snapshot(self) -> dict:
         self.pops.commit_floors()
+        self.prune_tombstones()
         return {
             "journal": self.journal.next_offset,
             "pop": self.pops.snapshot(),

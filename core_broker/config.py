@@ -101,6 +101,11 @@ class BrokerConfig:
     state_snapshot_interval_s: float = 5.0
     # Longest long-poll a pop may ask for.
     max_long_poll_ms: int = 30_000
+    # How long a deleted door-state entry (an ended MQTT session, a deleted AMQP queue)
+    # keeps its versioned tombstone. It must outlast the longest time a broker can be
+    # down and come back: a broker that missed the delete still holds the entry, and
+    # without the newer tombstone elsewhere a read would bring it back.
+    kv_tombstone_ttl_s: float = 7 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         self.retry_backoff_ms = tuple(int(x) for x in self.retry_backoff_ms) or (0,)
