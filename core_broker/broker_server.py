@@ -23,6 +23,7 @@ from .broker_controller import BrokerController
 from .config import BrokerConfig, StoreConfig
 from .model import StoredMessage
 from .remoting.client import RpcClient
+from .remoting.rows import get_result_to_block, messages_from_block, popped_to_block, put_results_to_block
 from .remoting.server import RpcServer
 from .errors import BrokerWriteBlockedError
 from .topic_config import PERM_RW, PERM_WRITE, TopicConfig
@@ -170,16 +171,25 @@ class BrokerServer:
     def describe_topic(self, name: str):
         return self.controller.describe_topic(name)
 
-    async def send(self, msgs, transactional=False, producer_group=""):
+    # The data path's batches travel as blocks of rows (remoting/rows.py), both ways.
+
+    async def send(self, block: bytes, transactional: bool = False, producer_group: str = "") -> bytes:
+        """``block``: messages as rows; answers one (PutResult, transaction id) row per message."""
         if not self.perm & PERM_WRITE:
             raise BrokerWriteBlockedError(f"broker {self.name} is write-blocked")
-        return await self.controller.send(msgs, transactional=transactional, producer_group=producer_group)
+        put = await self.controller.send(
+            messages_from_block(block), transactional=transactional, producer_group=producer_group
+        )
+        return put_results_to_block(put)
 
     async def end_transaction(self, transaction_id, commit, source="client"):
         await self.controller.end_transaction(transaction_id, commit, source)
 
-    async def pop(self, group, topic, max_count, invisible_ms, filter_expression=None, wait_ms=0, from_latest=False):
-        return await self.controller.pop(group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest)
+    async def pop(self, group, topic, max_count, invisible_ms, filter_expression=None, wait_ms=0,
+                  from_latest=False) -> bytes:
+        return popped_to_block(
+            await self.controller.pop(group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest)
+        )
 
     async def ack(self, group, receipt_handle):
         await self.controller.ack(group, receipt_handle)
@@ -194,8 +204,10 @@ class BrokerServer:
         await self.controller.forward_to_dlq(group, receipt_handle)
         await self._topics_registered()
 
-    async def pull(self, topic, queue_id, offset, max_count, filter_expression=None, wait_ms=0):
-        return await self.controller.pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)
+    async def pull(self, topic, queue_id, offset, max_count, filter_expression=None, wait_ms=0) -> bytes:
+        return get_result_to_block(
+            await self.controller.pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)
+        )
 
     async def commit_offset(self, group, topic, queue_id, offset):
         await self.controller.commit_offset(group, topic, queue_id, offset)

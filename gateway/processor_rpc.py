@@ -18,7 +18,15 @@ from typing import Any
 
 from core_broker.remoting.client import PeerUnavailableError, RpcClient
 from core_broker.errors import UnimqError
-from core_broker.remoting.wire import register_error, register_ext
+from core_broker.remoting.rows import (
+    get_result_from_block,
+    get_result_to_block,
+    messages_from_block,
+    messages_to_block,
+    popped_from_block,
+    popped_to_block,
+)
+from core_broker.remoting.wire import pack_block, register_error, register_ext, unpack_block
 from core_broker.transaction_service import TransactionCheckLostError
 
 from . import auth, processor as _processor_module
@@ -26,6 +34,8 @@ from .broker_client import QueueRoute, TopicRoute
 from .context import RequestContext
 from .namespace import namespace_of, unwrap, unwrap_result
 from .processor import MessagingProcessor, SendResult
+
+_new_tuple = tuple.__new__
 
 for _mod in (auth, _processor_module):
     for _v in vars(_mod).values():
@@ -47,7 +57,7 @@ PROCESSOR_METHODS = [
     "list_topics", "describe_topic", "query_message_by_id", "query_messages_by_key", "kv_put", "kv_get", "kv_items",
     "poll_transaction_checks", "confirm_transaction_checks", "host_lmq",
 ]
-_OWN_METHODS = ("poll_transaction_checks", "confirm_transaction_checks")
+_OWN_METHODS = ("poll_transaction_checks", "confirm_transaction_checks", "send", "pop", "pull")
 
 
 class ProcessorRpcFacade:
@@ -71,11 +81,24 @@ class ProcessorRpcFacade:
             if name not in _OWN_METHODS:
                 setattr(self, name, getattr(processor, name))
         self._processor = processor
+        self._send, self._pop, self._pull = processor.send, processor.pop, processor.pull
         self._checks: dict[str, asyncio.Queue] = {}  # per namespace of the pollers
         self._last_poll: dict[str, float] = {}
         self._waiting: dict[str, list[asyncio.Future]] = {}  # tid -> futures of checks handed out
         self._registered = False
         self._closed = False
+
+    # send, pop and pull carry their batches as blocks of rows (core_broker/remoting/rows.py)
+
+    async def send(self, ctx: RequestContext, block: bytes, **kwargs: Any) -> bytes:
+        """``block``: messages as rows; answers the SendResults as rows."""
+        return pack_block(await self._send(ctx, messages_from_block(block), **kwargs))
+
+    async def pop(self, *args: Any, **kwargs: Any) -> bytes:
+        return popped_to_block(await self._pop(*args, **kwargs))
+
+    async def pull(self, *args: Any, **kwargs: Any) -> bytes:
+        return get_result_to_block(await self._pull(*args, **kwargs))
 
     async def _queue_check(self, topic: str, group: str, message: Any, tid: str) -> bool:
         ns = namespace_of(topic)
@@ -191,6 +214,16 @@ class RemoteProcessor:
             except PeerUnavailableError as e:  # a gateway is stateless: try the next one
                 last = e
         raise last  # type: ignore[misc]
+
+    async def send(self, ctx: RequestContext, messages: Any, **kwargs: Any) -> list[SendResult]:
+        block = await self._invoke("send", ctx, messages_to_block(messages), **kwargs)
+        return [_new_tuple(SendResult, r) for r in unpack_block(block)]
+
+    async def pop(self, *args: Any, **kwargs: Any) -> list:
+        return popped_from_block(await self._invoke("pop", *args, **kwargs))
+
+    async def pull(self, *args: Any, **kwargs: Any) -> Any:
+        return get_result_from_block(await self._invoke("pull", *args, **kwargs))
 
     async def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
         """Acks with the same context, group and topic issued in one event-loop turn (a

@@ -23,6 +23,12 @@ from typing import Any
 from core_broker.broker_controller import QueueStats, TopicStats, kv_version
 from core_broker.errors import TopicExistsError, TopicNotFoundError
 from core_broker.remoting.client import PeerUnavailableError, RpcClient
+from core_broker.remoting.rows import (
+    get_result_from_block,
+    messages_to_block,
+    popped_from_block,
+    put_results_from_block,
+)
 from core_broker.topic_config import PERM_WRITE, TopicConfig
 from core_broker.transaction_service import TransactionCheckLostError, TransactionChecker
 from nameserver.client import NameserverClient
@@ -251,17 +257,20 @@ class RemoteBrokerClient:
 
     # ------------------------------------------------------------------ data path
 
+    # send, pop and pull carry their batches as blocks of rows (core_broker/remoting/rows.py)
+
     async def send(self, broker, msgs, transactional, producer_group):
-        return await self._call(broker, "send", list(msgs), transactional, producer_group)
+        block = await self._call(broker, "send", messages_to_block(msgs), transactional, producer_group)
+        return put_results_from_block(block)
 
     async def end_transaction(self, broker, transaction_id, commit, source):
         await self._call(broker, "end_transaction", transaction_id, commit, source)
 
     async def pop(self, broker, group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest):
-        return await self._call(
+        return popped_from_block(await self._call(
             broker, "pop", group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest,
             rpc_timeout=wait_ms / 1000.0 + 30.0,
-        )
+        ))
 
     async def ack(self, broker, group, receipt_handle):
         """Acks to one broker and group issued in the same event-loop turn (a door settling
@@ -310,10 +319,10 @@ class RemoteBrokerClient:
         await self._call(broker, "forward_to_dlq", group, receipt_handle)
 
     async def pull(self, broker, topic, queue_id, offset, max_count, filter_expression, wait_ms):
-        return await self._call(
+        return get_result_from_block(await self._call(
             broker, "pull", topic, queue_id, offset, max_count, filter_expression, wait_ms,
             rpc_timeout=wait_ms / 1000.0 + 30.0,
-        )
+        ))
 
     async def commit_offset(self, broker, group, topic, queue_id, offset):
         await self._call(broker, "commit_offset", group, topic, queue_id, offset)

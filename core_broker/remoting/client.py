@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import UnimqError
 from .codec import REQUEST, RESPONSE, FrameDecoder, FrameError, encode
+from .outbox import Outbox
 from .wire import error_from_wire, register_error
 
 
@@ -28,6 +29,7 @@ class RpcClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._writer: asyncio.StreamWriter | None = None
+        self._outbox: Outbox | None = None  # frames of this loop turn, for _writer
         self._reader_task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
 
@@ -48,11 +50,13 @@ class RpcClient:
             except (OSError, asyncio.TimeoutError) as e:
                 raise PeerUnavailableError(f"cannot reach {self.address}: {e}") from None
             self._writer = writer
+            self._outbox = Outbox(writer)
             self._reader_task = asyncio.ensure_future(self._read_loop(reader, writer))
             return writer
 
     async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         decoder = FrameDecoder()
+        reason = "lost"
         try:
             while True:
                 data = await reader.read(262144)
@@ -68,13 +72,15 @@ class RpcClient:
                         fut.set_result(f[3])
                     else:
                         fut.set_exception(error_from_wire(f[3]))
-        except (ConnectionError, FrameError, asyncio.CancelledError):
+        except FrameError as e:  # a peer of another unimq version, or not a unimq peer at all
+            reason = f"closed: {e}"
+        except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
             writer.close()
             if self._writer is writer:
                 self._writer = None
-            err = PeerUnavailableError(f"connection to {self.address} lost")
+            err = PeerUnavailableError(f"connection to {self.address} {reason}")
             for fut in self._pending.values():
                 if not fut.done():
                     fut.set_exception(err)
@@ -88,7 +94,7 @@ class RpcClient:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._pending[call_id] = fut
-        writer.write(encode([REQUEST, call_id, method, list(args), kwargs]))
+        self._outbox.put(encode([REQUEST, call_id, method, list(args), kwargs]))  # type: ignore[union-attr]
         if rpc_timeout is None:
             return await fut
         # a timer handle rather than asyncio.wait_for: this is every RPC's path, and

@@ -1,8 +1,14 @@
 """Frame codec (sans-io): bytes in, frames out; frames in, bytes out.
 
 Frame: u32 big-endian length, then a msgpack array:
-  request  [0, call_id, method, args(list), kwargs(map)]
-  response [1, call_id, ok(bool), result | [error_code, error_class, message]]
+  request  [REQUEST, call_id, method, args(list), kwargs(map)]
+  response [RESPONSE, call_id, ok(bool), result | [error_code, error_class, message]]
+
+The frame kind carries the format's version (high nibble): gateways, brokers and
+nameservers must run the same unimq version, and a peer of another version is
+refused at its first frame with an error that says so rather than misread. v1
+(kinds 0 and 1) sent every message as an extension type; v2 sends the data path's
+batches as plain blocks (``rows.py``).
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from typing import Any
 
 from .wire import packb, unpackb
 
-REQUEST = 0
-RESPONSE = 1
+VERSION = 2
+REQUEST = VERSION << 4
+RESPONSE = REQUEST | 1
 MAX_FRAME = 64 * 1024 * 1024
 _LEN = struct.Struct(">I")
 
@@ -48,6 +55,12 @@ class FrameDecoder:
             except Exception as e:  # msgpack and the type hooks raise several types for bad input
                 raise FrameError(f"undecodable frame: {e}") from None
             if not isinstance(frame, list) or len(frame) < 3 or frame[0] not in (REQUEST, RESPONSE):
+                kind = frame[0] if isinstance(frame, list) and frame else None
+                if type(kind) is int and 0 <= kind < 256 and (kind >> 4 or 1) != VERSION:
+                    raise FrameError(
+                        f"the peer speaks unimq RPC v{kind >> 4 or 1}, this process v{VERSION}: "
+                        "run the same unimq version on every node"
+                    )
                 raise FrameError("frame is not a request or a response")
             out.append(frame)
             pos += 4 + n

@@ -13,6 +13,7 @@ import logging
 from typing import Any, Callable, Iterable
 
 from .codec import REQUEST, RESPONSE, FrameDecoder, FrameError, encode
+from .outbox import Outbox
 from .wire import error_to_wire
 
 log = logging.getLogger("unimq.rpc")
@@ -54,6 +55,7 @@ class RpcServer:
         if self.on_connections is not None:
             self.on_connections(len(self._conns))
         decoder = FrameDecoder()
+        outbox = Outbox(writer)
         pending: set[asyncio.Task] = set()
         try:
             while True:
@@ -68,7 +70,7 @@ class RpcServer:
                 for f in frames:
                     if f[0] != REQUEST or len(f) != 5:
                         continue
-                    t = asyncio.ensure_future(self._call(f[1], f[2], f[3], f[4], writer))
+                    t = asyncio.ensure_future(self._call(f[1], f[2], f[3], f[4], outbox))
                     pending.add(t)
                     t.add_done_callback(pending.discard)
         except (ConnectionError, asyncio.CancelledError):
@@ -81,7 +83,7 @@ class RpcServer:
             if self.on_connections is not None:
                 self.on_connections(len(self._conns))
 
-    async def _call(self, call_id: int, method: str, args: list, kwargs: dict, writer: asyncio.StreamWriter) -> None:
+    async def _call(self, call_id: int, method: str, args: list, kwargs: dict, outbox: Outbox) -> None:
         fn = self.methods.get(method)
         try:
             if fn is None:
@@ -96,5 +98,4 @@ class RpcServer:
             if not getattr(e, "code", None):
                 log.exception("%s: %s failed", self.name, method)
             frame = encode([RESPONSE, call_id, False, error_to_wire(e)])
-        if not writer.is_closing():
-            writer.write(frame)
+        outbox.put(frame)

@@ -1,10 +1,14 @@
-"""Domain types on the wire: msgpack extension types, one code per type.
+"""Domain types on the wire: plain blocks for the data path, extension types for the rest.
 
-Packing uses ``strict_types`` so NamedTuples (PutResult, GetResult, ...) reach
-the hook instead of flattening into anonymous arrays; each type packs as a
-positional list, decoded by the matching constructor. Errors travel as
-(code, class name, message) and are rebuilt as the same typed error, so an
-adapter in a gateway sees exactly what it would see in merged mode.
+The data path (send, pop, pull: the calls behind every message) carries its
+batches as *blocks* (``pack_block``): plain msgpack arrays packed and unpacked
+by msgpack's C code with no Python hook per message (``rows.py`` has the row
+layouts). Everything else is rare enough for extension types, one code per
+type, below. Packing those uses ``strict_types`` so NamedTuples (PutResult,
+GetResult, ...) reach the hook instead of flattening into anonymous arrays;
+each type packs as a positional list, decoded by the matching constructor.
+Errors travel as (code, class name, message) and are rebuilt as the same typed
+error, so an adapter in a gateway sees exactly what it would see in merged mode.
 """
 
 from __future__ import annotations
@@ -180,6 +184,46 @@ def _default(o: Any) -> Any:
 
 def unpackb(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_unpack)
+
+
+# -- blocks: the data path's batches as plain arrays ---------------------------------
+#
+# A block is msgpack of plain values only (lists and tuples as arrays, dicts, str,
+# bytes, numbers), packed and unpacked entirely by msgpack's C code: no Python hook
+# runs per message. ``rows.py`` turns domain objects into rows for it and back; the
+# frames carry a block as one bin field. Tuples (NamedTuples too) pack as arrays and
+# arrays unpack as tuples, so the reading side must know each row's layout.
+
+
+def _plain_default(o: Any) -> Any:
+    """Only for odd values inside a row (a str enum never gets here; an int enum, a set of
+    keys, a bytearray body do); never called for a well-typed message."""
+    if isinstance(o, enum.Enum):
+        return o.value
+    if isinstance(o, (set, frozenset)):
+        return list(o)
+    raise TypeError(f"cannot send {type(o).__name__} in an RPC block")
+
+
+def _plain_packer() -> msgpack.Packer:
+    return msgpack.Packer(use_bin_type=True, default=_plain_default)
+
+
+def pack_block(obj: Any) -> bytes:
+    """``obj`` (plain values, tuples and lists) as one msgpack block."""
+    packer = getattr(_tls, "plain", None)
+    if packer is None:
+        packer = _tls.plain = _plain_packer()
+    try:
+        return packer.pack(obj)
+    except BaseException:
+        _tls.plain = _plain_packer()  # a failed pack leaves its buffer half written
+        raise
+
+
+def unpack_block(data: bytes) -> Any:
+    """A block back as tuples (arrays), dicts, str, bytes and numbers."""
+    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
 
 
 # -- errors ---------------------------------------------------------------------------
