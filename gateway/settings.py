@@ -133,6 +133,8 @@ class UnimqSettings:
     # Bytes of just-stored QoS 1/2 messages the MQTT door keeps in memory for sessions that
     # are behind (delivered without a read back from the store); past it they are pulled.
     mqtt_mem_queue_bytes: int = 256 * 1024 * 1024
+    # Seconds between two rounds of Mosquitto-style $SYS/broker/... statistics; 0: off.
+    mqtt_sys_interval_s: float = 10.0
     # gRPC door (RocketMQ 5 v2 protocol). TLS: both PEM files given -> the gRPC port
     # serves TLS only; both empty -> plaintext (the official clients' default).
     grpc_tls_cert: str = ""

@@ -52,6 +52,7 @@ from gateway.context import RequestContext
 from . import codec as C
 from .codec import Decoder, MQTTProtocolError, encode, encode_properties, encode_publish
 from .session import SESSION_NEVER_EXPIRES, Cursor, Inflight, Outgoing, Session, Subscription
+from .sys_topics import SysTopics
 from .topics import TopicTrie, filter_matches, lmq_safe, parse_shared, unified_topic, validate_filter
 
 log = logging.getLogger("unimq.mqtt")
@@ -109,10 +110,21 @@ class MQTTConfig:
     # that are behind, so that delivering them needs no read back from the store. Past
     # this, a session's queue is read from the store (pull by offset) as usual.
     mem_queue_bytes: int = 256 * 1024 * 1024
+    # Seconds between two rounds of $SYS/broker/... statistics (see sys_topics.py); 0: none.
+    sys_interval_s: float = 10.0
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("unimq")
+    except Exception:  # run from a checkout that was never installed
+        return "dev"
 
 
 # ------------------------------------------------------------------ message mapping
@@ -264,6 +276,9 @@ class MQTTBroker:
         self._dirty_sessions: set[Session] = set()
         self.stats = {"qos0_dropped": 0}
         self.mem_used = 0  # bytes held by every cursor's in-memory queue (see _mem_push)
+        # counters for $SYS (sys_topics.py): PUBLISH packets and bytes in and out since start
+        self.pub_in = self.pub_out = self.bytes_in = self.bytes_out = 0
+        self.sys = SysTopics(self, self.config.sys_interval_s, _version())
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle
@@ -272,12 +287,14 @@ class MQTTBroker:
         self.loop = asyncio.get_running_loop()
         await self._load()
         self._flusher = self.loop.create_task(self._flush_loop(), name="mqtt-offsets")
+        self.sys.start()
         if hasattr(self.processor, "add_router"):
             self.processor.add_router(self)  # messages other doors send on MQTT topics
 
     async def stop(self) -> None:
         if hasattr(self.processor, "remove_router"):
             self.processor.remove_router(self)
+        await self.sys.stop()
         for conn in list(self.connections):
             conn.close(C.RC_SERVER_SHUTTING_DOWN, "server shutting down", publish_will=False)
         if self._flusher is not None:
@@ -605,6 +622,10 @@ class MQTTBroker:
                     continue
                 if filter_matches(sub.filter, topic):
                     conn.deliver(out, min(out.qos, sub.qos), True, [sub.sub_id] if sub.sub_id else None)
+            if sub.filter[:1] == "$":  # a leading wildcard never matches $SYS (MQTT 4.7.2)
+                for topic, out in self.sys.retained.items():
+                    if filter_matches(sub.filter, topic):
+                        conn.deliver(out, 0, True, [sub.sub_id] if sub.sub_id else None)
 
     async def unsubscribe(self, conn: "Connection", pkt: C.Unsubscribe) -> None:
         s = conn.session
@@ -997,6 +1018,7 @@ class MQTTBroker:
         pid = s.alloc_pid()
         s.inflight[pid] = Inflight(out, q, lmq, off, None, sids)
         if conn.version != C.MQTT_5:  # no properties, no packet size limit: the short way
+            self.pub_out += 1
             conn.send(encode_publish(out.tb, out.payload, q, retain, False, pid, None))
         else:
             conn.send_publish(out, q, retain, False, pid, sids)
@@ -1447,6 +1469,7 @@ class Connection:
             return
         self.last_rx = time.monotonic()
         n = len(data)
+        self.broker.bytes_in += n
         if (not n & 3 and data[0] == 0x40 and self._worker is None and not self.inbox and self.session is not None
                 and not self.decoder.buffered and data[0::4] == b"\x40" * (n >> 2)
                 and data[1::4] == b"\x02" * (n >> 2)):
@@ -1528,6 +1551,7 @@ class Connection:
             data = b"".join(self._wbuf) if len(self._wbuf) > 1 else self._wbuf[0]
             self._wbuf = []
             self._wsize = 0
+            self.broker.bytes_out += len(data)
             self.transport.write(data)
 
     def close(self, reason_code: int | None = None, message: str = "", *, publish_will: bool = True) -> None:
@@ -1576,6 +1600,7 @@ class Connection:
 
     def send_publish(self, out: Outgoing, qos: int, retain: bool, dup: bool, pid: int,
                      sub_ids: list[int] | None) -> None:
+        self.broker.pub_out += 1
         if self.version != C.MQTT_5:
             data = encode_publish(out.tb, out.payload, qos, retain, dup, pid, None)
         else:
@@ -1820,6 +1845,7 @@ class Connection:
         v5 = self.version == C.MQTT_5
         items: list[C.Publish] = []
         cfg = self.broker.config
+        self.broker.pub_in += len(batch)
         for p in batch:
             props = p.properties
             if props is not None:  # v5 only

@@ -1,0 +1,123 @@
+"""Mosquitto-style ``$SYS/broker/...`` topics: the door's own statistics over MQTT.
+
+Why: monitoring written for Mosquitto (``mosquitto_sub -t '$SYS/#' -v``, MQTT
+Explorer, Node-RED and Grafana MQTT dashboards) reads broker health from these
+topics, so a device fleet moved to unimq keeps its dashboards. The values are
+live state of this process, not messages anyone published: they are kept in
+memory only (retained for new subscribers, sent at QoS 0 as Mosquitto does) and
+never written to the commitlog, where a value every ``mqtt_sys_interval_s``
+would be noise in every unified stream. Only values that changed since the
+last round are sent, as Mosquitto does. ``$``-topics are not matched by a
+leading ``+`` or ``#`` (MQTT 4.7.2), so ``#`` subscribers never see them.
+
+The names follow Mosquitto's where the meaning is the same; counters are of
+PUBLISH packets and of bytes on this process's MQTT connections since start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from .session import Outgoing
+
+log = logging.getLogger("unimq.mqtt.sys")
+
+PREFIX = "$SYS/broker/"
+
+
+class SysTopics:
+    """Publishes the door's statistics every ``interval_s`` seconds (0: never)."""
+
+    def __init__(self, broker: Any, interval_s: float, version: str) -> None:
+        self.broker = broker
+        self.interval_s = interval_s
+        self.version = version
+        self.started = time.monotonic()
+        self.retained: dict[str, Outgoing] = {}  # topic -> the latest value, for new subscribers
+        self._task: asyncio.Task[None] | None = None
+        # (time, received, sent) a minute of rounds back, for the per-minute loads
+        self._history: list[tuple[float, int, int]] = []
+
+    def start(self) -> None:
+        if self.interval_s > 0:
+            self.publish_once()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="mqtt-sys")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.publish_once()
+            except Exception:  # statistics must never take the door down
+                log.exception("mqtt: $SYS round failed")
+
+    def values(self) -> dict[str, str]:
+        b = self.broker
+        now = time.monotonic()
+        connected = sum(1 for c in b.connections if c.session is not None and not c.closed)
+        sessions = len(b.sessions)
+        received, sent = b.pub_in, b.pub_out
+        hist = self._history
+        hist.append((now, received, sent))
+        while len(hist) > 2 and now - hist[1][0] >= 60:
+            hist.pop(0)
+        t0, r0, s0 = hist[0]
+        span = max(now - t0, 1e-9)
+        per_min_in = (received - r0) * 60 / span if span >= 1 else 0.0
+        per_min_out = (sent - s0) * 60 / span if span >= 1 else 0.0
+        return {
+            "version": f"unimq {self.version}",
+            "uptime": f"{int(now - self.started)} seconds",
+            "clients/connected": str(connected),
+            "clients/disconnected": str(max(sessions - connected, 0)),
+            "clients/total": str(max(sessions, connected)),
+            "subscriptions/count": str(sum(len(s.subs) for s in b.sessions.values())),
+            "retained messages/count": str(len(b.retained)),
+            "messages/received": str(received),
+            "messages/sent": str(sent),
+            "publish/messages/received": str(received),
+            "publish/messages/sent": str(sent),
+            "publish/messages/dropped": str(b.stats.get("qos0_dropped", 0)),
+            "bytes/received": str(b.bytes_in),
+            "bytes/sent": str(b.bytes_out),
+            "load/messages/received/1min": f"{per_min_in:.2f}",
+            "load/messages/sent/1min": f"{per_min_out:.2f}",
+        }
+
+    def publish_once(self) -> int:
+        """Send every value that changed to the subscribers of its topic; return how many."""
+        b = self.broker
+        changed = 0
+        for name, value in self.values().items():
+            topic = PREFIX + name
+            payload = value.encode()
+            old = self.retained.get(topic)
+            if old is not None and old.payload == payload:
+                continue
+            out = Outgoing(topic, payload, 0, True, None)
+            self.retained[topic] = out
+            changed += 1
+            subs, groups = b._route(topic)
+            for sub in subs:
+                conn = sub.session.conn
+                if conn is not None and not conn.closed:
+                    conn.deliver(out, 0, bool(sub.rap), [sub.sub_id] if sub.sub_id else None)
+            for g in groups:
+                online = g.online()
+                if online:
+                    g.rr += 1
+                    sub = online[g.rr % len(online)]
+                    sub.session.conn.deliver(out, 0, False, [sub.sub_id] if sub.sub_id else None)
+        return changed
