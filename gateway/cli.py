@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--grpc-tls-cert", metavar="PEM", help="serve the gRPC door over TLS with this certificate (chain)")
     up.add_argument("--grpc-tls-key", metavar="PEM", help="private key of --grpc-tls-cert")
+    up.add_argument("--mqtt-tls-cert", metavar="PEM",
+                    help="also serve MQTT over TLS (port mqtt_tls_port, 8883) with this certificate (chain)")
+    up.add_argument("--mqtt-tls-key", metavar="PEM", help="private key of --mqtt-tls-cert")
     up.add_argument("--log-level", choices=LOG_LEVELS, help=f"log level on stderr (default: {_DEFAULTS.log_level})")
     up.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="set any knob, e.g. store.commitlog_segment_size=67108864 or broker.max_delivery_attempts=5 "
@@ -175,6 +178,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         "log_level": args.log_level,
         "grpc_tls_cert": args.grpc_tls_cert,
         "grpc_tls_key": args.grpc_tls_key,
+        "mqtt_tls_cert": args.mqtt_tls_cert,
+        "mqtt_tls_key": args.mqtt_tls_key,
     }
     try:
         overrides.update(_parse_sets(args.sets))

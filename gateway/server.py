@@ -176,16 +176,23 @@ def build_doors(state: ServerState) -> list[Door]:
 
 
 def _mqtt_doors(state: ServerState) -> list[Door]:
-    """The MQTT door (TCP) and, unless ``mqtt_ws_port`` is -1, MQTT over WebSocket sharing its broker."""
-    from adapters.mqtt.server import MQTTDoor, MQTTWebSocketDoor
+    """The MQTT door (TCP); unless ``mqtt_ws_port`` is -1, MQTT over WebSocket; with a
+    certificate, MQTT over TLS - all three sharing one broker (sessions, subscriptions)."""
+    from adapters.mqtt.server import MQTTDoor, MQTTTlsDoor, MQTTWebSocketDoor
 
+    settings = state.settings
     tcp = MQTTDoor(state)
     doors: list[Door] = [tcp]
-    ws_port = getattr(state.settings, "mqtt_ws_port", None)
+    ws_port = getattr(settings, "mqtt_ws_port", None)
     if ws_port is None:
-        ws_port = 0 if state.settings.mqtt_port == 0 else 8083
+        ws_port = 0 if settings.mqtt_port == 0 else 8083
     if ws_port >= 0:
         doors.append(MQTTWebSocketDoor(state, tcp.broker, port=ws_port))
+    if getattr(settings, "mqtt_tls_cert", ""):
+        tls_port = settings.mqtt_tls_port
+        if tls_port is None:
+            tls_port = 0 if settings.mqtt_port == 0 else 8883
+        doors.append(MQTTTlsDoor(state, tcp.broker, port=tls_port))
     return doors
 
 

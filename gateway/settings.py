@@ -135,6 +135,11 @@ class UnimqSettings:
     mqtt_mem_queue_bytes: int = 256 * 1024 * 1024
     # Seconds between two rounds of Mosquitto-style $SYS/broker/... statistics; 0: off.
     mqtt_sys_interval_s: float = 10.0
+    # MQTT over TLS: both PEM files given -> a TLS listener on mqtt_tls_port (unset: 8883,
+    # or a free port when mqtt_port is 0) beside the plain one, sharing its sessions.
+    mqtt_tls_cert: str = ""
+    mqtt_tls_key: str = ""
+    mqtt_tls_port: int | None = None
     # gRPC door (RocketMQ 5 v2 protocol). TLS: both PEM files given -> the gRPC port
     # serves TLS only; both empty -> plaintext (the official clients' default).
     grpc_tls_cert: str = ""
@@ -218,14 +223,16 @@ class UnimqSettings:
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         self.log_level = level
-        if bool(self.grpc_tls_cert) != bool(self.grpc_tls_key):
-            raise ValueError("grpc_tls_cert and grpc_tls_key must be given together")
-        for name in ("grpc_tls_cert", "grpc_tls_key"):
-            path = getattr(self, name)
-            if not isinstance(path, str):
-                raise ValueError(f"{name} must be a path string, got {path!r}")
-            if path and not Path(path).expanduser().is_file():
-                raise ValueError(f"{name}: {path} is not a readable file")
+        for door in ("grpc", "mqtt"):
+            cert, key = f"{door}_tls_cert", f"{door}_tls_key"
+            if bool(getattr(self, cert)) != bool(getattr(self, key)):
+                raise ValueError(f"{cert} and {key} must be given together")
+            for name in (cert, key):
+                path = getattr(self, name)
+                if not isinstance(path, str):
+                    raise ValueError(f"{name} must be a path string, got {path!r}")
+                if path and not Path(path).expanduser().is_file():
+                    raise ValueError(f"{name}: {path} is not a readable file")
         if not isinstance(self.grpc_credentials, dict) or not all(
             isinstance(k, str) and k and isinstance(v, str) for k, v in self.grpc_credentials.items()
         ):

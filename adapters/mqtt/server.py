@@ -73,6 +73,16 @@ def door_config(settings: Any) -> MQTTConfig:
     return cfg
 
 
+async def _close_server(server: Any) -> None:
+    """Stop listening and wait (a second at most) for the server to say it is closed."""
+    if server is not None:
+        server.close()
+        try:
+            await asyncio.wait_for(server.wait_closed(), 1)
+        except asyncio.TimeoutError:  # pragma: no cover
+            pass
+
+
 class MQTTDoor:
     """MQTT 3.1/3.1.1/5.0 over TCP on ``mqtt_port``; owns the broker shared with the WebSocket door."""
 
@@ -98,13 +108,44 @@ class MQTTDoor:
 
     async def stop(self) -> None:
         if self._server is not None:
-            self._server.close()
+            self._server.close()  # no new connections while the broker closes the open ones
         await self.broker.stop()
-        if self._server is not None:
-            try:
-                await asyncio.wait_for(self._server.wait_closed(), 1)
-            except asyncio.TimeoutError:  # pragma: no cover
-                pass
+        await _close_server(self._server)
+
+
+class MQTTTlsDoor:
+    """MQTT over TLS (``mqtt_tls_port``, 8883 by default) sharing the TCP door's broker.
+
+    Why a listener of its own rather than STARTTLS: MQTT has none; devices open TLS
+    first on the port they are configured with, as with Mosquitto's ``listener 8883``
+    + ``certfile``/``keyfile``. The handshake is asyncio's (the ``ssl`` module); a
+    client that does not complete it is dropped without touching the broker.
+    """
+
+    name = "mqtts"
+
+    def __init__(self, state: Any, broker: MQTTBroker, host: str | None = None, port: int | None = None) -> None:
+        settings = state.settings
+        self.host = host if host is not None else settings.host
+        self.port = port if port is not None else (settings.mqtt_tls_port or 8883)
+        self.broker = broker
+        self.cert, self.key = settings.mqtt_tls_cert, settings.mqtt_tls_key
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> tuple[str, int]:
+        import ssl
+
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.cert, self.key)
+        sock = bind_socket(self.host, self.port, backlog=4096)
+        broker = self.broker
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _TcpProtocol(broker), sock=sock, ssl=ctx, ssl_handshake_timeout=broker.config.connect_timeout_s)
+        bound = sock.getsockname()
+        return bound[0], bound[1]
+
+    async def stop(self) -> None:
+        await _close_server(self._server)
 
 
 class _WsTransport:
@@ -207,9 +248,4 @@ class MQTTWebSocketDoor:
                 pass
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            try:
-                await asyncio.wait_for(self._server.wait_closed(), 1)
-            except asyncio.TimeoutError:  # pragma: no cover
-                pass
+        await _close_server(self._server)
