@@ -409,10 +409,9 @@ class MessagingProcessor:
                     continue
                 if isinstance(put, BaseException):
                     raise put
+                new = _tuple_new  # (message_id, queue_offset and extra_offsets of the PutResult)
                 for (i, m), (r, tid) in zip(items, put):
-                    results[i] = SendResult(
-                        r.message_id, m.topic, broker, m.queue_id, r.queue_offset, tid, r.extra_offsets
-                    )
+                    results[i] = new(SendResult, (r[1], m.topic, broker, m.queue_id, r[3], tid, r[6]))
             if not lost:
                 break
             by_broker = {}
