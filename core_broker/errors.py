@@ -18,6 +18,13 @@ class UnimqError(Exception):
         self.details = details
 
 
+class ConfigurationError(UnimqError, ValueError):
+    """A setting names something unusable (a file in no known form, say), found when a part
+    starts: `unimq up` stops with this message and no traceback."""
+
+    code = "CONFIGURATION_ERROR"
+
+
 class StoreFullError(UnimqError):
     """The disk (or the configured threshold) cannot take more data; nothing was written."""
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from core_broker.config import FlushMode, StoreConfig
+from core_broker.errors import ConfigurationError
 from gateway.settings import LOG_LEVELS, UnimqSettings, load_settings
 
 __all__ = ["build_parser", "main"]
@@ -202,7 +203,7 @@ def _serve(settings: UnimqSettings) -> int:
         _run_loop(server.run(settings))
     except KeyboardInterrupt:  # Ctrl-C before our handlers were installed
         return 130
-    except OSError as exc:  # e.g. a port already in use
+    except (OSError, ConfigurationError) as exc:  # a port already in use, an unusable file named by a setting
         print(f"unimq: error: {exc}", file=sys.stderr)
         return 1
     return 0

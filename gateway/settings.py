@@ -119,6 +119,9 @@ class UnimqSettings:
     mqtt_allow_anonymous: bool = True
     # User name -> password accepted at CONNECT ([mqtt_users] table); empty: any user name.
     mqtt_users: dict[str, str] = field(default_factory=dict)
+    # A Mosquitto password file (written by mosquitto_passwd; $7$ and $6$ hashes): its users
+    # are accepted too. Read at start.
+    mqtt_password_file: str = ""
     # Outbound QoS 1/2 messages in flight per client (v5: also capped by its Receive Maximum).
     mqtt_max_inflight: int = 256
     # Receive Maximum and Topic Alias Maximum announced to MQTT 5 clients.

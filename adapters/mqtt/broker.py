@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
 import json
 import logging
 import struct
@@ -43,15 +44,17 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine
+from typing import Any, Coroutine
 
 from core_broker.errors import MessageTooLargeError, StoreFullError, TopicNotFoundError, UnimqError
-from core_broker.model import DispatchTarget, GetStatus, Message
+from core_broker.model import DispatchTarget, Message
 from gateway.context import RequestContext
 
 from . import codec as C
 from .codec import Decoder, MQTTProtocolError, encode, encode_properties, encode_publish
 from .session import SESSION_NEVER_EXPIRES, Cursor, Inflight, Outgoing, Session, Subscription
+from .passwords import load_password_file
+from .passwords import verify as verify_password
 from .sys_topics import SysTopics
 from .topics import TopicTrie, filter_matches, lmq_safe, parse_shared, unified_topic, validate_filter
 
@@ -90,6 +93,8 @@ class MQTTConfig:
 
     allow_anonymous: bool = True
     users: dict[str, str] = field(default_factory=dict)
+    # A Mosquitto password file (mosquitto_passwd): its users are accepted beside ``users``.
+    password_file: str = ""
     # Outbound QoS 1/2 window per session: 3.1.1 clients get this; v5 clients the smaller
     # of this and their Receive Maximum.
     max_inflight: int = 256
@@ -279,6 +284,8 @@ class MQTTBroker:
         # counters for $SYS (sys_topics.py): PUBLISH packets and bytes in and out since start
         self.pub_in = self.pub_out = self.bytes_in = self.bytes_out = 0
         self.sys = SysTopics(self, self.config.sys_interval_s, _version())
+        # users of a Mosquitto password file (read at start: a bad file stops the door there)
+        self.hashed_users = load_password_file(self.config.password_file) if self.config.password_file else {}
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle
@@ -1263,6 +1270,19 @@ class MQTTBroker:
 
     # -- connection lifecycle
 
+    @property
+    def users_configured(self) -> bool:
+        return bool(self.config.users or self.hashed_users)
+
+    def _password_ok(self, user: str, password: bytes | None) -> bool:
+        if password is None:
+            return False
+        plain = self.config.users.get(user)
+        if plain is not None:
+            return hmac.compare_digest(plain.encode(), password)
+        entry = self.hashed_users.get(user)
+        return entry is not None and verify_password(entry, password)
+
     async def connect(self, conn: "Connection", pkt: C.Connect) -> None:
         cfg = self.config
         v5 = pkt.protocol_level == C.MQTT_5
@@ -1273,11 +1293,11 @@ class MQTTBroker:
             return
         # authentication
         if pkt.username is not None:
-            pw = cfg.users.get(pkt.username)
-            if cfg.users and (pw is None or pkt.password is None or pw.encode() != pkt.password):
-                conn.refuse(C.RC_BAD_USERNAME_OR_PASSWORD, "bad user name or password")
-                return
-            if not cfg.users and not cfg.allow_anonymous:
+            if self.users_configured:
+                if not self._password_ok(pkt.username, pkt.password):
+                    conn.refuse(C.RC_BAD_USERNAME_OR_PASSWORD, "bad user name or password")
+                    return
+            elif not cfg.allow_anonymous:
                 conn.refuse(C.RC_BAD_USERNAME_OR_PASSWORD, "bad user name or password")
                 return
         elif not cfg.allow_anonymous:
