@@ -22,18 +22,21 @@ bytes a put wrote meanwhile: the warmer *claims* the range under the put lock
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
 from . import record
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, StoreFullError
 from .mapped_file import MappedFile, MappedFileQueue, zero_range
 from .model import StoredMessage
 
 _PAGE = 4096
 _ZEROS = bytes(1 << 20)
+_NEXT_SUFFIX = ".next"
+log = logging.getLogger("unimq.store")
 
 
 class _Claim:
@@ -57,10 +60,23 @@ class CommitLog:
         self.limit = 0
         self.warm_end = 0  # [write_pos, warm_end) of the current segment holds written zeros
         self._claim: _Claim | None = None
+        # The segment after the current one, prepared by the flush thread (prepare_next),
+        # still under its temporary name, and how many bytes at its head hold written zeros.
+        self._next: MappedFile | None = None
+        self._next_warm = 0
+        self._next_failed = -1  # base whose preparation failed (a full disk): the roll retries it
+        # A segment entered the log (created or renamed into place) since the directory was
+        # last fsync'ed; the flush fsyncs it before counting anything as durable (sync_dir).
+        self._dir_unsynced = False
 
     # -- lifecycle -----------------------------------------------------------------
 
     def load(self) -> None:
+        d = self.files.dir
+        if d.exists():
+            for p in d.iterdir():  # a next segment prepared before a crash was never used
+                if p.name.endswith(_NEXT_SUFFIX):
+                    p.unlink()
         self.files.load()
 
     @property
@@ -88,19 +104,70 @@ class CommitLog:
         if cur is None:
             base = self.write_pos - self.write_pos % self.segment_size if self.write_pos else 0
             self.current = self.files.create(base)
+            self._dir_unsynced = True
             self.write_pos = self.warm_end = base
             self.limit = self.current.end
             return base
-        nxt = self.files.create(cur.end)
+        nxt = self._take_next(cur.end)
+        warm = self._next_warm if nxt is not None else 0
+        self._next_warm = 0
+        if nxt is None:
+            nxt = self.files.create(cur.end)
+        self._dir_unsynced = True
         rest = cur.end - self.write_pos
         if rest >= 12:
             off = self.write_pos - cur.base
             cur.mm[off : off + 12] = record.blank(rest)
             cur.dirty = True
         self.current = nxt
-        self.write_pos = self.warm_end = nxt.base
+        self.write_pos = nxt.base
+        self.warm_end = nxt.base + warm
         self.limit = nxt.end
         return nxt.base
+
+    def _take_next(self, base: int) -> MappedFile | None:
+        """The prepared segment for ``base``, renamed into place, or None (caller holds the put lock)."""
+        nxt = self._next
+        if nxt is None:
+            return None
+        self._next = None
+        if nxt.base != base:  # cannot happen (the log grows by whole segments); be safe anyway
+            nxt.destroy()
+            self._next_warm = 0
+            return None
+        final = self.files.dir / f"{base:020d}"
+        os.rename(nxt.path, final)
+        nxt.path = final
+        self.files.adopt(nxt)
+        return nxt
+
+    def prepare_next(self, lock: threading.Lock, ahead: int) -> bool:
+        """Create the next segment once the writer is within ``ahead`` bytes of the current one's end.
+
+        Flush thread only. The file is made (fallocate + mmap) outside the put lock and
+        published under it; returns True when it made one. A full disk is not an error
+        here: the roll tries again and reports it to the writer.
+        """
+        with lock:
+            cur = self.current
+            if cur is None or self._next is not None or cur.end - self.write_pos > ahead or self._next_failed == cur.end:
+                return False
+            base = cur.end
+        path = self.files.dir / f"{base:020d}{_NEXT_SUFFIX}"
+        try:
+            if path.exists():
+                path.unlink()
+            mf = MappedFile(path, base, self.segment_size, create=True)
+        except (StoreFullError, OSError) as e:
+            self._next_failed = base
+            log.warning("could not prepare the next commitlog segment (%s); the roll will create it", e)
+            return False
+        with lock:
+            if self.current is cur and self._next is None:
+                self._next, self._next_warm = mf, 0
+                return True
+        mf.destroy()  # the writer rolled meanwhile (and made the segment itself)
+        return False
 
     def make_room(self, size: int) -> int:
         """Room for a ``size``-byte record once ``write_pos + size`` passed :attr:`limit`.
@@ -126,14 +193,18 @@ class CommitLog:
                 self.limit = claim.mf.end
                 if claim.end > self.warm_end:
                     self.warm_end = claim.end
+            elif self._next is claim.mf:
+                self._next_warm = claim.end - claim.mf.base
 
     def warm_step(self, lock: threading.Lock, lead: int, piece: int) -> int | None:
         """Zero-fill the next piece ahead of the writer and fdatasync it (flush thread only).
 
         Does nothing (returns None) when the written zeros already reach ``lead``
-        bytes past ``write_pos`` or the segment's end. Otherwise returns the write
-        position taken with the claim: the fdatasync that makes the zeros durable
-        covers every record below it too, so the caller may count it as flushed.
+        bytes past ``write_pos`` (or the segment's end, and no next segment is
+        prepared). Otherwise returns the write position taken with the claim: the
+        fdatasync that makes the zeros durable covers every record below it too, so
+        the caller may count it as flushed -- or 0 for a piece of the prepared next
+        segment, whose fdatasync covers no record.
         """
         with lock:
             cur = self.current
@@ -142,11 +213,23 @@ class CommitLog:
             wp = self.write_pos
             start = max(self.warm_end, wp)
             start += -start % _PAGE  # whole pages: the page holding write_pos is the writer's
-            if start >= cur.end or start - wp >= lead:
+            if start - wp >= lead:
                 return None
-            end = min(cur.end, start + piece)
-            claim = self._claim = _Claim(cur, start, end)
-            self.limit = start
+            if start < cur.end:
+                end = min(cur.end, start + piece)
+                claim = self._claim = _Claim(cur, start, end)
+                self.limit = start
+            else:  # warm to its end: go on with the head of the prepared next segment
+                nxt = self._next
+                if nxt is None:
+                    return None
+                start = nxt.base + self._next_warm
+                if start >= nxt.end or start - wp >= lead:
+                    return None
+                end = min(nxt.end, start + piece)
+                claim = self._claim = _Claim(nxt, start, end)  # a roll waits for it (make_room)
+                wp = 0  # this fdatasync is of the next segment: it makes no record durable
+            cur = claim.mf
         try:
             pos = start - cur.base
             stop = end - cur.base
@@ -157,6 +240,8 @@ class CommitLog:
             with lock:
                 self._end_claim(claim)
         os.fdatasync(cur.fd)
+        if wp:
+            self.sync_dir()
         return wp
 
     def fits(self, size: int) -> bool:
@@ -247,7 +332,27 @@ class CommitLog:
 
     def sync(self) -> None:
         self.files.sync_dirty()
+        self.sync_dir()
+
+    def sync_dir(self) -> None:
+        """fsync the segment directory if a segment entered it since the last time (flush thread).
+
+        A prepared segment is renamed into place at the roll; fdatasync of its data does
+        not make that rename durable, and after a power cut a segment still under its
+        ``.next`` name would be deleted at start. Records in it count as durable only
+        once this ran (the caller's flushed position is taken before the call).
+        """
+        if self._dir_unsynced:
+            self._dir_unsynced = False
+            fd = os.open(self.files.dir, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
+        if self._next is not None:  # prepared but never used: give its space back
+            self._next.destroy()
+            self._next = None
         self.files.close()
         self.current = None

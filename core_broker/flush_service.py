@@ -7,7 +7,9 @@ everything written so far in one fdatasync and releases every waiter it
 covers. While one fdatasync runs, new writers pile up for the next, which is
 what makes group commit scale with concurrency.
 
-In sync mode the same thread also warms the commitlog ahead of the writer
+The same thread creates the next commitlog segment before the writer needs it
+(``prepare``: see ``CommitLog.prepare_next``), so a roll does not allocate a
+segment under the put lock. In sync mode it also warms the commitlog ahead of the writer
 (``warm``: see ``CommitLog.warm_step``), between rounds: on this thread the
 warm-up's own slow fdatasync never runs concurrently with a group commit's, so
 a group commit never pays for converting the warm-up's extents.
@@ -26,16 +28,17 @@ log = logging.getLogger("unimq.store")
 WARM_STEPS_PER_ROUND = 16  # warm-up pieces in one round while no writer waits
 
 
-def _resolve_all(futs: list[asyncio.Future]) -> None:
-    for f in futs:
-        if not f.done():
-            f.set_result(None)
+def _run_all(callbacks: list[Callable[[BaseException | None], None]], exc: BaseException | None) -> None:
+    for cb in callbacks:
+        cb(exc)
 
 
-def _fail_all(futs: list[asyncio.Future], exc: BaseException) -> None:
-    for f in futs:
-        if not f.done():
-            f.set_exception(exc)
+def _settle(fut: asyncio.Future, exc: BaseException | None) -> None:
+    if not fut.done():
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
 
 
 class FlushService:
@@ -52,6 +55,7 @@ class FlushService:
         sync_commitlog: Callable[[], None],
         checkpoint: Callable[[int], None],
         warm: Callable[[], int | None] | None = None,
+        prepare: Callable[[], bool] | None = None,
     ) -> None:
         self.sync_mode = sync_mode
         self.interval = interval_ms / 1000.0
@@ -60,6 +64,8 @@ class FlushService:
         self._sync_commitlog = sync_commitlog
         self._checkpoint = checkpoint
         self._warm = warm  # one warm-up piece; returns the write position its fdatasync covered
+        self._prepare = prepare  # make the next commitlog segment ahead of the roll
+        self.prepared = 0
         self.warm_syncs = 0
         self.warm_seconds = 0.0
         self.flushed = 0
@@ -67,7 +73,9 @@ class FlushService:
         self.sync_seconds = 0.0
         self._work = threading.Event()
         self._cv = threading.Condition()
-        self._async_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future]] = []
+        # (offset, loop, callback): the callback runs on its loop once offset is durable (None)
+        # or the flush failed (the exception).
+        self._async_waiters: list[tuple[int, asyncio.AbstractEventLoop, Callable[[BaseException | None], None]]] = []
         self._waiter_lock = threading.Lock()
         self._stop = False
         self._error: BaseException | None = None
@@ -104,11 +112,23 @@ class FlushService:
         if self.flushed >= offset:
             fut.set_result(None)
             return fut
+        self.notify(offset, loop, lambda exc: _settle(fut, exc))
+        return fut
+
+    def notify(self, offset: int, loop: asyncio.AbstractEventLoop, callback: Callable[[BaseException | None], None]) -> None:
+        """Run ``callback(None)`` on ``loop`` once ``offset`` is on disk, ``callback(exc)`` if the flush fails.
+
+        One hop from the flush thread to the loop: the put path's group of writers
+        is settled by this callback directly, not through an intermediate future
+        whose done-callbacks would cost another loop iteration per group commit.
+        """
+        if self.flushed >= offset:
+            callback(None)
+            return
         with self._waiter_lock:
-            self._async_waiters.append((offset, loop, fut))
+            self._async_waiters.append((offset, loop, callback))
         if not self._work.is_set():  # set() takes a lock and notifies: skip it when pending anyway
             self._work.set()
-        return fut
 
     # -- the flusher thread ---------------------------------------------------------
 
@@ -129,6 +149,8 @@ class FlushService:
                     self.flushed = target
                 self._error = None
                 self._release(target)
+                if self._prepare is not None and not stop:
+                    self._prepare_next()
                 if self._warm is not None and not stop:
                     self._warm_round()
                 now = time.monotonic()
@@ -140,6 +162,14 @@ class FlushService:
                 self._fail(e)
             if stop:
                 return
+
+    def _prepare_next(self) -> None:
+        try:
+            if self._prepare():  # type: ignore[misc]
+                self.prepared += 1
+        except Exception:  # an optimisation: the roll makes the segment itself
+            log.exception("preparing the next commitlog segment failed; continuing without it")
+            self._prepare = None
 
     def _warm_round(self) -> None:
         """A few warm-up pieces; the first always, more only while no writer waits."""
@@ -169,12 +199,12 @@ class FlushService:
         with self._waiter_lock:
             ready = [w for w in self._async_waiters if w[0] <= target]
             self._async_waiters = [w for w in self._async_waiters if w[0] > target]
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
-        for _, loop, fut in ready:
-            by_loop.setdefault(loop, []).append(fut)
-        for loop, futs in by_loop.items():
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for _, loop, cb in ready:
+            by_loop.setdefault(loop, []).append(cb)
+        for loop, cbs in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_resolve_all, futs)
+                loop.call_soon_threadsafe(_run_all, cbs, None)
             except RuntimeError:  # loop closed: nobody waits any more
                 pass
 
@@ -182,9 +212,9 @@ class FlushService:
         self._failures += 1
         with self._waiter_lock:
             waiters, self._async_waiters = self._async_waiters, []
-        for _, loop, fut in waiters:
+        for _, loop, cb in waiters:
             try:
-                loop.call_soon_threadsafe(_fail_all, [fut], exc)
+                loop.call_soon_threadsafe(_run_all, [cb], exc)
             except RuntimeError:
                 pass
         with self._cv:

@@ -133,6 +133,11 @@ class MappedFileQueue:
             self.files.append(f)
         return f
 
+    def adopt(self, f: MappedFile) -> None:
+        """Append a segment made elsewhere (the commitlog's prepared next segment)."""
+        with self.lock:
+            self.files.append(f)
+
     def find(self, offset: int) -> MappedFile | None:
         files = self.files
         if not files:

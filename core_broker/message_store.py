@@ -24,13 +24,15 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import operator
 import os
 import secrets
 import shutil
+import struct
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 from . import record
 from .commitlog import CommitLog
@@ -78,11 +80,53 @@ _HEADER_SIZE = record.HEADER_SIZE
 _NOT_LINK = ~record.FLAG_LINK  # a put never stores the link bit (see record.encode)
 _time = time.time
 _get_running_loop = asyncio.get_running_loop
+_future_done = asyncio.Future.done  # the C method: map() calls it without a bound method per future
+_is_done = operator.methodcaller("done")  # any other loop's futures
+
+
+def _any_done(futs: list[asyncio.Future]) -> bool:
+    try:
+        return any(map(_future_done, futs))
+    except TypeError:  # a loop whose futures are not asyncio.Future
+        return any(map(_is_done, futs))
+
+
 # Commitlog warm-up (sync flush): keep this many bytes of written zeros ahead of the writer,
 # zero-filled in pieces of this size, one fdatasync each (see CommitLog.warm_step).
 WARM_LEAD = 16 << 20
 WARM_PIECE = 1 << 20
+# Server-assigned message ids end in the commitlog offset as 16 hex digits. "%016X" costs
+# about as much as encoding the record's header, so the put paths format the top 12 digits
+# once per 64 KiB of log and look the last 4 up: "%012X" % (pos >> 16) + _HEX4[pos & 0xFFFF]
+# is "%016X" % pos. 65,536 four-character strings (about 4 MB), built at import in C.
+_HEX4: tuple[str, ...] = tuple(struct.pack(">65536H", *range(65536)).hex(" ", 2).upper().split())
+# A bare message's header (no tag, keys, properties, ids or extra queues) with the zero
+# length fields as pad bytes and topic + protocol as one field: one pack, no concatenation.
+# Fields: flags, queue id, queue offset, phys offset, born, store, delivery, origin (-1),
+# reconsume times, topic length, protocol length, body length, topic + protocol.
+_BARE_HEADS: dict[int, Callable[..., bytes]] = {}  # by len(topic + protocol): few distinct values
+
+
+def _bare_head(n: int) -> Callable[..., bytes]:
+    pack = _BARE_HEADS.get(n)
+    if pack is None:
+        st = struct.Struct(f"<Iiqqqqqq4xiH8xH12xI{n}s")
+        assert st.size == _HEADER_SIZE - 12 + n
+        pack = _BARE_HEADS[n] = st.pack
+    return pack
+
+
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+
+
+class _PutGroup:
+    """Sync-mode put_async calls queued on one loop, written together (see MessageStore.put_async)."""
+
+    __slots__ = ("msgs", "futs")
+
+    def __init__(self) -> None:
+        self.msgs: list[Message] = []
+        self.futs: list[asyncio.Future] = []
 
 
 class MessageFilter(Protocol):
@@ -123,7 +167,7 @@ class MessageStore:
         self._sync = config.flush == FlushMode.SYNC
         self._max_size = config.max_message_size
         self._flush: FlushService | None = None
-        self._put_queues: dict[asyncio.AbstractEventLoop, list] = {}  # sync-mode put_async groups per loop
+        self._put_queues: dict[asyncio.AbstractEventLoop, _PutGroup] = {}  # sync-mode put_async groups per loop
         self._housekeeping: threading.Thread | None = None
         self._hk_stop = threading.Event()
         self.recovered_abnormally = False
@@ -141,6 +185,9 @@ class MessageStore:
             self.store_id = secrets.token_hex(8).upper()
             id_path.write_text(self.store_id)
         self._id_prefix = ID_VERSION + self.store_id
+        self._id_hi = self._id_prefix.replace("%", "%%") + "%012X"  # server-assigned ids: see _HEX4
+        self._id_key = -1
+        self._id_head = ""
         self.topics.load()
         self.offsets.load()
         self.commitlog.load()
@@ -158,6 +205,7 @@ class MessageStore:
             sync_commitlog=self.commitlog.sync,
             checkpoint=self._checkpoint,
             warm=self._warm_step if self.config.warmup_enabled else None,
+            prepare=self._prepare_next,
         )
         self._flush.start(self.commitlog.write_pos)
         self._running = True
@@ -260,6 +308,11 @@ class MessageStore:
     def _warm_step(self) -> int | None:
         return self.commitlog.warm_step(self._lock, WARM_LEAD, WARM_PIECE)
 
+    def _prepare_next(self) -> bool:
+        # Far enough ahead that the next segment (and, in sync mode, its warm head) is
+        # ready before the roll, even at disk speed; at most the current segment's size.
+        return self.commitlog.prepare_next(self._lock, max(4 * WARM_LEAD, self.config.commitlog_segment_size // 8))
+
     def _snapshot_write_pos(self) -> int:
         with self._lock:
             return self.commitlog.write_pos
@@ -348,7 +401,10 @@ class MessageStore:
             _cq_pack(cqf.mm, qo * 20 - cqf.base, pos, size, 0)
             cqf.dirty = True
             cq.max_offset = qo + 1
-            return _new_tuple(PutResult, (PUT_OK, "%s%016X" % (self._id_prefix, pos), msg.queue_id, qo, pos, size, ()))
+            if pos >> 16 != self._id_key:  # see _HEX4
+                self._id_key = pos >> 16
+                self._id_head = self._id_hi % self._id_key
+            return _new_tuple(PutResult, (PUT_OK, self._id_head + _HEX4[pos & 0xFFFF], msg.queue_id, qo, pos, size, ()))
         extra = msg.extra_dispatch
         dispatch = b""
         extra_offsets: tuple[int, ...] = ()
@@ -395,7 +451,10 @@ class MessageStore:
         if mid:
             self.index.put("#id#" + mid, pos, now)
         else:
-            mid = "%s%016X" % (self._id_prefix, pos)
+            if pos >> 16 != self._id_key:
+                self._id_key = pos >> 16
+                self._id_head = self._id_hi % self._id_key
+            mid = self._id_head + _HEX4[pos & 0xFFFF]
         if msg.keys:
             topic = msg.topic
             for k in msg.keys:
@@ -447,8 +506,11 @@ class MessageStore:
         add = results.append
         cl = self.commitlog
         limit = self._max_size
-        idfmt = self._id_prefix.replace("%", "%%") + "%016X"
-        pending: list[bytes] = []  # encoded records not yet written (a plain one as head, body)
+        idhi = self._id_hi  # see _HEX4
+        hex4 = _HEX4
+        id_key = -1
+        id_head = ""
+        pending: list[bytes] = []  # encoded records not yet written (bare: prefix, head, body; else head, body)
         runs: dict[tuple[str, int], list] = {}  # (topic, queue) -> [cq, first queue offset, entries]
         start = pos = cl.write_pos
         cur = cl.current
@@ -456,7 +518,7 @@ class MessageStore:
         last_topic = last_proto = None
         last_qid = 0
         run: list = []
-        cq = ents = tp = None
+        cq = ents = tp = head_pack = None
         lt = lp = hsz = 0
         idx = self._idx_pending  # index entries of pending records, put once they are written
         try:
@@ -488,6 +550,7 @@ class MessageStore:
                     pb = proto.encode()
                     tp, lt, lp = tb + pb, len(tb), len(pb)
                     hsz = _HEADER_SIZE + lt + lp
+                    head_pack = _bare_head(lt + lp)
                     last_topic, last_qid, last_proto = topic, qid, proto
                 qo = run[1] + len(ents)  # type: ignore[arg-type]
                 if qo >= cq.limit:  # type: ignore[union-attr]
@@ -537,25 +600,38 @@ class MessageStore:
                     if mid:
                         idx.append(("#id#" + mid, pos, now))
                     else:
-                        mid = idfmt % pos
+                        if pos >> 16 != id_key:
+                            id_key = pos >> 16
+                            id_head = idhi % id_key
+                        mid = id_head + hex4[pos & 0xFFFF]
                     if keys:
                         for k in keys:
                             idx.append((f"{topic}#{k}", pos, now))
                     add(_new_tuple(PutResult, (PUT_OK, mid, qid, qo, pos, size, xo)))
                     pos += size
                     continue
-                # record.encode's fast path for a bare message, inlined (same bytes).
-                size = hsz + len(body)
+                # record.encode's fast path for a bare message, inlined (same bytes): the
+                # prefix, the header and the body go to pwritev as three pieces (two when
+                # the body is small enough to copy after the header).
+                bl = len(body)
+                size = hsz + bl
                 if pos + size > end:
                     pos, cur, end = self._roll_batch(cur, start, pos, pending, runs, size)
                     start = pos
-                head = _pack_fixed(
-                    m.flags & _NOT_LINK, qid, qo, pos, m.born_timestamp_ms or now, now, m.delivery_time_ms, -1, 0,
-                    m.reconsume_times, lt, 0, 0, 0, 0, lp, 0, 0, 0, len(body),
-                ) + tp  # type: ignore[operator]
-                pending += (_pack_prefix(size, _MAGIC, _crc32c(body, _crc32c(head))) + head, body)
+                head = head_pack(  # type: ignore[misc]
+                    m.flags & _NOT_LINK, qid, qo, pos, m.born_timestamp_ms or now, now, m.delivery_time_ms, -1,
+                    m.reconsume_times, lt, lp, bl, tp,
+                )
+                if bl <= 256:  # small: one CRC call over a copy costs less than a chained second call
+                    head += body
+                    pending += (_pack_prefix(size, _MAGIC, _crc32c(head)), head)
+                else:
+                    pending += (_pack_prefix(size, _MAGIC, _crc32c(body, _crc32c(head))), head, body)
                 ents.append(_cq_entry(pos, size, 0))  # type: ignore[union-attr]
-                add(_new_tuple(PutResult, (PUT_OK, idfmt % pos, qid, qo, pos, size, ())))
+                if pos >> 16 != id_key:
+                    id_key = pos >> 16
+                    id_head = idhi % id_key
+                add(_new_tuple(PutResult, (PUT_OK, id_head + hex4[pos & 0xFFFF], qid, qo, pos, size, ())))
                 pos += size
             if pending:
                 self._write_pending(cur, start, pos, pending, runs)
@@ -590,13 +666,16 @@ class MessageStore:
         off = start - cur.base
         total = end - start
         try:
-            if len(pending) <= _IOV_MAX:
-                done = os.pwritev(cur.fd, pending, off)
-                if done != total:  # a short write: copy the rest through the mapping
-                    data = b"".join(pending)
-                    cur.mm[off + done : off + total] = data[done:]
-            else:
-                cur.mm[off : off + total] = b"".join(pending)
+            i = 0
+            while i < len(pending):  # IOV_MAX pieces per pwritev
+                chunk = pending[i : i + _IOV_MAX] if i or len(pending) > _IOV_MAX else pending
+                want = sum(map(len, chunk)) if chunk is not pending else total
+                done = os.pwritev(cur.fd, chunk, off)
+                if done != want:  # a short write: copy the rest through the mapping
+                    data = b"".join(chunk)
+                    cur.mm[off + done : off + want] = data[done:]
+                off += want
+                i += _IOV_MAX
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreFullError("no space left on the data disk") from e
@@ -652,8 +731,10 @@ class MessageStore:
         put_async queued on this loop meanwhile (:meth:`_drain_puts`) through the
         batch path: one lock acquisition, one flush registration and one wake-up
         per group instead of per message, which is what lets many concurrent
-        writers share each fdatasync cheaply. Each writer still gets its own
-        result or error. A put cancelled before its group is written is not stored.
+        writers share each fdatasync cheaply. The flush thread settles the group
+        with one callback on the loop (``FlushService.notify``). Each writer still
+        gets its own result or error. A put cancelled before its group is written
+        is not stored.
         """
         if not self._sync:
             now = int(_time() * 1000)
@@ -663,23 +744,28 @@ class MessageStore:
         fut = loop.create_future()
         q = self._put_queues.get(loop)
         if q is None:
-            q = self._put_queues[loop] = []
+            q = self._put_queues[loop] = _PutGroup()
             loop.call_soon(self._drain_puts, loop)
-        q.append((msg, fut))
+        q.msgs.append(msg)
+        q.futs.append(fut)
         return await fut
 
     def _drain_puts(self, loop: asyncio.AbstractEventLoop) -> None:
         """Write the put_async group queued on ``loop`` (sync mode); settle it after one flush."""
-        q = self._put_queues.pop(loop, ())
-        live = [(msg, fut) for msg, fut in q if not fut.done()]  # not cancelled before it was written
-        done: list[tuple[asyncio.Future, PutResult]] = []
+        q = self._put_queues.pop(loop, None)
+        if q is None:
+            return
+        msgs, futs = q.msgs, q.futs
+        if _any_done(futs):  # a writer was cancelled before its put was written: leave it out
+            keep = [i for i, f in enumerate(futs) if not f.done()]
+            msgs = [msgs[i] for i in keep]
+            futs = [futs[i] for i in keep]
         out: list[PutResult] = []
         now = int(_time() * 1000)
         try:
             with self._lock:
                 try:
-                    self._put_batch_locked([msg for msg, _ in live], now, out)
-                    done = [(fut, r) for (_, fut), r in zip(live, out)]
+                    self._put_batch_locked(msgs, now, out)
                 except Exception:
                     # Keep what reached the log (below write_pos), then put the rest one by
                     # one, so an error is only the failing message's (or each, if the store's).
@@ -687,31 +773,35 @@ class MessageStore:
                     k = 0
                     while k < len(out) and out[k].commitlog_offset < end:
                         k += 1
-                    done = [(fut, r) for (_, fut), r in zip(live[:k], out)]
-                    for msg, fut in live[k:]:
+                    del out[k:]
+                    written = futs[:k]
+                    for msg, fut in zip(msgs[k:], futs[k:]):
                         try:
-                            done.append((fut, self._put_locked(msg, now)))
+                            out.append(self._put_locked(msg, now))
+                            written.append(fut)
                         except Exception as e:
                             fut.set_exception(e)
-            if done:
-                r = done[-1][1]  # written in order under one lock: the last one ends the group
-                self._flush.future(r.commitlog_offset + r.store_size).add_done_callback(  # type: ignore[union-attr]
-                    lambda w: self._settle_puts(done, w)
+                    futs = written
+            if out:
+                r = out[-1]  # written in order under one lock: the last one ends the group
+                self._flush.notify(  # type: ignore[union-attr]
+                    r.commitlog_offset + r.store_size, loop, lambda exc: self._settle_puts(futs, out, exc)
                 )
         except BaseException as e:
-            for fut, _ in q:
+            for fut in q.futs:
                 if not fut.done():
                     fut.set_exception(e)
             raise
 
     @staticmethod
-    def _settle_puts(done: list[tuple[asyncio.Future, PutResult]], flushed: asyncio.Future) -> None:
-        exc = asyncio.CancelledError() if flushed.cancelled() else flushed.exception()
-        for fut, r in done:
-            if not fut.done():
-                if exc is None:
+    def _settle_puts(futs: list[asyncio.Future], results: list[PutResult], exc: BaseException | None) -> None:
+        if exc is None:
+            for fut, r in zip(futs, results):
+                if not fut.done():  # its writer was cancelled after the write
                     fut.set_result(r)
-                else:
+        else:
+            for fut in futs:
+                if not fut.done():
                     fut.set_exception(exc)
 
     async def put_batch_async(self, msgs: Sequence[Message]) -> list[PutResult]:
