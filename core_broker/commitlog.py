@@ -148,6 +148,9 @@ class CommitLog:
         published under it; returns True when it made one. A full disk is not an error
         here: the roll tries again and reports it to the writer.
         """
+        cur = self.current  # a look without the lock first: most rounds have nothing to do
+        if cur is None or self._next is not None or cur.end - self.write_pos > ahead:
+            return False
         with lock:
             cur = self.current
             if cur is None or self._next is not None or cur.end - self.write_pos > ahead or self._next_failed == cur.end:
