@@ -122,6 +122,8 @@ class UnimqSettings:
     # A Mosquitto password file (written by mosquitto_passwd; $7$ and $6$ hashes): its users
     # are accepted too. Read at start.
     mqtt_password_file: str = ""
+    # A Mosquitto ACL file (topic/user/pattern lines): clients get only the rights it grants.
+    mqtt_acl_file: str = ""
     # Outbound QoS 1/2 messages in flight per client (v5: also capped by its Receive Maximum).
     mqtt_max_inflight: int = 256
     # Receive Maximum and Topic Alias Maximum announced to MQTT 5 clients.

@@ -53,6 +53,7 @@ from gateway.context import RequestContext
 from . import codec as C
 from .codec import Decoder, MQTTProtocolError, encode, encode_properties, encode_publish
 from .session import SESSION_NEVER_EXPIRES, Cursor, Inflight, Outgoing, Session, Subscription
+from .acl import READ, WRITE, Acl, load_acl_file
 from .passwords import load_password_file
 from .passwords import verify as verify_password
 from .sys_topics import SysTopics
@@ -95,6 +96,8 @@ class MQTTConfig:
     users: dict[str, str] = field(default_factory=dict)
     # A Mosquitto password file (mosquitto_passwd): its users are accepted beside ``users``.
     password_file: str = ""
+    # A Mosquitto ACL file (acl.py): with one, clients get only the topic rights it grants.
+    acl_file: str = ""
     # Outbound QoS 1/2 window per session: 3.1.1 clients get this; v5 clients the smaller
     # of this and their Receive Maximum.
     max_inflight: int = 256
@@ -286,6 +289,7 @@ class MQTTBroker:
         self.sys = SysTopics(self, self.config.sys_interval_s, _version())
         # users of a Mosquitto password file (read at start: a bad file stops the door there)
         self.hashed_users = load_password_file(self.config.password_file) if self.config.password_file else {}
+        self.acl: Acl | None = load_acl_file(self.config.acl_file) if self.config.acl_file else None
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle
@@ -353,6 +357,7 @@ class MQTTBroker:
                 s.disconnected_at = d["d"] or now
                 s.qos2_in = {int(pid) for pid in d.get("q", ()) if 0 < int(pid) < 65536}
                 s.pubrel = {int(pid) for pid in d.get("r", ()) if 0 < int(pid) < 65536}
+                s.username = d.get("u")
                 for key, qos, nl, rap, rh, sid, lmq in d["s"]:
                     group, flt = parse_shared(key)
                     sub = Subscription(flt, qos, s, no_local=bool(nl), rap=bool(rap), rh=rh, sub_id=sid, lmq=lmq,
@@ -576,6 +581,9 @@ class MQTTBroker:
                     raise
                 codes.append(C.RC_TOPIC_FILTER_INVALID if v5 else 0x80)
                 continue
+            if not self.can_subscribe(s, flt):
+                codes.append(C.RC_NOT_AUTHORIZED if v5 else 0x80)
+                continue
             old = s.subs.get(key)
             if old is not None:
                 existed = True
@@ -627,11 +635,11 @@ class MQTTBroker:
                 if out.expired(now):
                     self.retained.pop(topic, None)
                     continue
-                if filter_matches(sub.filter, topic):
+                if filter_matches(sub.filter, topic) and self.can_read(s, topic):
                     conn.deliver(out, min(out.qos, sub.qos), True, [sub.sub_id] if sub.sub_id else None)
             if sub.filter[:1] == "$":  # a leading wildcard never matches $SYS (MQTT 4.7.2)
                 for topic, out in self.sys.retained.items():
-                    if filter_matches(sub.filter, topic):
+                    if filter_matches(sub.filter, topic) and self.can_read(s, topic):
                         conn.deliver(out, 0, True, [sub.sub_id] if sub.sub_id else None)
 
     async def unsubscribe(self, conn: "Connection", pkt: C.Unsubscribe) -> None:
@@ -690,7 +698,10 @@ class MQTTBroker:
         direct: list[Subscription] = []
         wake_groups: list[SharedGroup] = []
         cacheable = not groups
+        acl = self.acl
         for sub in subs:
+            if acl is not None and not self.can_read(sub.session, topic):
+                continue
             if sub.no_local:
                 cacheable = False
                 if sub.session.client_id == publisher:
@@ -840,6 +851,8 @@ class MQTTBroker:
         lmq_subs: list[tuple[Subscription, DispatchTarget]] = []
         direct: list[Subscription] = []
         for sub in subs:
+            if self.acl is not None and not self.can_read(sub.session, topic):
+                continue
             q = sub.qos if sub.qos < out.qos else out.qos
             if q == 0 or not sub.lmq or not sub.lmq_ready:
                 if sub.session.conn is not None:
@@ -1270,6 +1283,33 @@ class MQTTBroker:
 
     # -- connection lifecycle
 
+    def _acl_rules(self, s: Session) -> list[tuple[int, str]]:
+        rules = s.acl_rules
+        if rules is None:
+            rules = s.acl_rules = self.acl.rules(s.username, s.client_id)  # type: ignore[union-attr]
+        return rules
+
+    def can_read(self, s: Session, topic: str) -> bool:
+        """May ``s`` receive messages on ``topic``? (Always, without an ACL file.)"""
+        acl = self.acl
+        return acl is None or acl.can_topic(self._acl_rules(s), topic, READ)
+
+    def can_write(self, s: Session, topic: str) -> bool:
+        acl = self.acl
+        if acl is None:
+            return True
+        ok = s.acl_write.get(topic)
+        if ok is None:
+            ok = acl.can_topic(self._acl_rules(s), topic, WRITE)
+            if len(s.acl_write) > 1024:  # topics are the client's: keep the cache bounded
+                s.acl_write.clear()
+            s.acl_write[topic] = ok
+        return ok
+
+    def can_subscribe(self, s: Session, flt: str) -> bool:
+        acl = self.acl
+        return acl is None or acl.can_subscribe(self._acl_rules(s), flt)
+
     @property
     def users_configured(self) -> bool:
         return bool(self.config.users or self.hashed_users)
@@ -1337,6 +1377,12 @@ class MQTTBroker:
             self.sessions[cid] = s
         s.expiry = expiry
         s.ctx = RequestContext(protocol="mqtt", client_id=cid, remote_address=conn.peer, principal=pkt.username)
+        if self.acl is not None and (s.username != pkt.username or s.acl_rules is None):
+            s.username = pkt.username  # its rights follow the user name it connects with now
+            s.acl_rules = None
+            s.acl_write.clear()
+            self._routes_changed()  # dispatch plans decided what this session may read
+        s.username = pkt.username
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
             s.expiry_handle = None
@@ -1864,8 +1910,11 @@ class Connection:
         assert s is not None
         v5 = self.version == C.MQTT_5
         items: list[C.Publish] = []
-        cfg = self.broker.config
-        self.broker.pub_in += len(batch)
+        broker = self.broker
+        cfg = broker.config
+        broker.pub_in += len(batch)
+        acl = broker.acl
+        denied: list[bool] | None = None  # per item, once the ACL file refused one
         for p in batch:
             props = p.properties
             if props is not None:  # v5 only
@@ -1895,10 +1944,22 @@ class Connection:
                     continue
                 if len(s.qos2_in) >= cfg.receive_maximum and v5:
                     raise MQTTProtocolError(C.RC_RECEIVE_MAX_EXCEEDED, "receive maximum exceeded")
+            if acl is not None and not broker.can_write(s, p.topic):
+                if denied is None:
+                    denied = [False] * len(items)
+                denied.append(True)
+            elif denied is not None:
+                denied.append(False)
             items.append(p)
         if not items:
             return
-        codes = await self.broker.publish(s.ctx, s.client_id, items)
+        if denied is None:
+            codes = await broker.publish(s.ctx, s.client_id, items)
+        else:  # refused by the ACL file: 0x87 for v5; 3.1.1 has no code, the message is dropped
+            allowed = [p for p, d in zip(items, denied) if not d]
+            stored = iter(await broker.publish(s.ctx, s.client_id, allowed) if allowed else ())
+            refused = C.RC_NOT_AUTHORIZED if v5 else 0
+            codes = [refused if d else next(stored) for d in denied]
         out: list[bytes] = []
         version = self.version
         qos2_stored = False

@@ -112,7 +112,7 @@ class SysTopics:
             subs, groups = b._route(topic)
             for sub in subs:
                 conn = sub.session.conn
-                if conn is not None and not conn.closed:
+                if conn is not None and not conn.closed and b.can_read(sub.session, topic):
                     conn.deliver(out, 0, bool(sub.rap), [sub.sub_id] if sub.sub_id else None)
             for g in groups:
                 online = g.online()
