@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .config import BrokerConfig, FlushMode, StoreConfig
+from .deadline_loop import DeadlineLoop
 from .errors import BadRequestError, TopicNotFoundError, UnimqError
 from .filter import compile_filter
 from .journal import Journal
@@ -81,10 +82,14 @@ class BrokerController:
         self.timers = TimerService(self.store, self.journal, self.notify)
         self.transactions = TransactionService(self.store, self.journal, self.config, self.notify)
         self.pops = PopService(self.store, self.journal, self.timers, self.config, self.notify, self.ensure_system_topic)
+        # sleeps until the earliest invisible time ends; a pop pushing an earlier one wakes it
+        self._reviver = DeadlineLoop("unimq-revive", self._revive_round, max_sleep_s=self.config.revive_interval_ms / 1000)
+        self.pops.wake_reviver = self._reviver.wake
         self._state_path = store_config.data_dir / "config" / "broker_state.json"
         self._snap_lock = threading.Lock()
         self._snap_seq = 0
         self._snap_written = 0
+        self._snap_last: dict | None = None  # the last snapshot handed to a writer, without "ts"
         self._waiters: dict[str, set[asyncio.Future]] = {}
         self._tasks: list[asyncio.Task] = []
         self._rr: dict[tuple[str, str], int] = {}
@@ -134,10 +139,8 @@ class BrokerController:
         loop = asyncio.get_running_loop()
         self.timers.start()
         self.transactions.start()
-        self._tasks = [
-            loop.create_task(self._revive_loop(), name="unimq-revive"),
-            loop.create_task(self._snapshot_loop(), name="unimq-snapshot"),
-        ]
+        self._reviver.start()
+        self._tasks = [loop.create_task(self._snapshot_loop(), name="unimq-snapshot")]
         self.started = True
 
     async def stop(self) -> None:
@@ -151,6 +154,7 @@ class BrokerController:
                 await t
             except asyncio.CancelledError:
                 pass
+        await self._reviver.stop()
         await self.timers.stop()
         await self.transactions.stop()
         for futs in self._waiters.values():
@@ -195,8 +199,19 @@ class BrokerController:
     async def write_snapshot(self) -> None:
         # Built on the loop (consistent with the journal offset it names), written on a thread.
         snap = self._snapshot()
+        # An idle broker's snapshot does not change: skip rewriting (and fsyncing) the same
+        # state. Compared with the last one handed to a writer: the journal offset it names
+        # only grows, so an equal snapshot cannot be older than one written since.
+        ts = snap.pop("ts")
+        if snap == self._snap_last:
+            return
+        self._snap_last = snap
         self._snap_seq += 1
-        await asyncio.to_thread(self._write_state, self._snap_seq, snap)
+        try:
+            await asyncio.to_thread(self._write_state, self._snap_seq, {**snap, "ts": ts})
+        except BaseException:
+            self._snap_last = None  # not known to be on disk: the next round writes it
+            raise
 
     def _write_state(self, seq: int, snap: dict) -> None:
         # A cancelled snapshot loop leaves its writer thread running, and stop() then
@@ -217,13 +232,11 @@ class BrokerController:
             except Exception:
                 log.exception("broker state snapshot failed")
 
-    async def _revive_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.revive_interval_ms / 1000.0)
-            try:
-                self.pops.revive_due()
-            except Exception:
-                log.exception("revive round failed")
+    async def _revive_round(self) -> float | None:
+        """Revive what is due; seconds until the next invisible time ends (None: none in flight)."""
+        self.pops.revive_due()
+        due = self.pops.next_due_ms()
+        return None if due is None else max(0.0, (due - int(time.time() * 1000)) / 1000)
 
     # ------------------------------------------------------------------ arrivals (long polling)
 

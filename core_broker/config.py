@@ -90,8 +90,10 @@ class BrokerConfig:
     # Extra delay before a message whose invisible time ran out is offered again
     # (index = attempts so far - 1; the last value repeats).
     retry_backoff_ms: tuple[int, ...] = DEFAULT_RETRY_BACKOFF_MS
-    # How often expired in-flight messages are looked for.
-    revive_interval_ms: int = 200
+    # Longest sleep of the revive task while messages are in flight. It wakes when the
+    # earliest invisible time ends anyway (and sleeps until a pop when none is in
+    # flight): this only bounds how late a wall-clock step can make a redelivery.
+    revive_interval_ms: int = 1000
     # A half (prepared) transaction message older than this is checked with its producer...
     transaction_check_immunity_ms: int = 6_000
     transaction_check_interval_ms: int = 5_000

@@ -134,8 +134,12 @@ class FlushService:
 
     def _run(self) -> None:
         last_cp = time.monotonic()
+        cp_safe: int | None = None  # the offset the last checkpoint made durable
+        warming = self._warm is not None
         while True:
-            self._work.wait(self.interval if not self.sync_mode else min(self.interval, 0.05))
+            # Sync mode's writers wake this thread themselves; the short period only paces
+            # the warm-up while it has work left (idle, the thread wakes every interval).
+            self._work.wait(min(self.interval, 0.05) if self.sync_mode and warming else self.interval)
             self._work.clear()
             stop = self._stop
             try:
@@ -152,10 +156,13 @@ class FlushService:
                 if self._prepare is not None and not stop:
                     self._prepare_next()
                 if self._warm is not None and not stop:
-                    self._warm_round()
+                    warming = self._warm_round()
                 now = time.monotonic()
-                if stop or now - last_cp >= self.checkpoint_interval:
+                # nothing written since the last checkpoint: it (and the indexes it syncs) still
+                # holds, so an idle store does not rewrite and fsync it every interval
+                if stop or (now - last_cp >= self.checkpoint_interval and target != cp_safe):
                     self._checkpoint(target)
+                    cp_safe = target
                     last_cp = now
             except BaseException as e:  # a failing disk: fail the waiters, keep serving reads
                 self._error = e
@@ -171,8 +178,11 @@ class FlushService:
             log.exception("preparing the next commitlog segment failed; continuing without it")
             self._prepare = None
 
-    def _warm_round(self) -> None:
-        """A few warm-up pieces; the first always, more only while no writer waits."""
+    def _warm_round(self) -> bool:
+        """A few warm-up pieces; the first always, more only while no writer waits.
+
+        Returns whether the warm-up may have more to do (False once it is caught up).
+        """
         for _ in range(WARM_STEPS_PER_ROUND):
             t0 = time.perf_counter()
             try:
@@ -180,16 +190,17 @@ class FlushService:
             except OSError:  # zeros are an optimisation: a failing disk shows up in the real syncs
                 log.exception("commitlog warm-up failed; continuing without it")
                 self._warm = None
-                return
+                return False
             if covered is None:
-                return
+                return False
             self.warm_syncs += 1
             self.warm_seconds += time.perf_counter() - t0
             if covered > self.flushed:  # the warm-up's fdatasync covered these records too
                 self.flushed = covered
                 self._release(covered)
             if self._work.is_set():
-                return
+                return True
+        return True
 
     def _release(self, target: int) -> None:
         with self._cv:

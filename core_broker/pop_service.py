@@ -35,6 +35,10 @@ _tuple_new = tuple.__new__
 WAITING_LIMIT = 2048  # FIFO: messages parked behind busy groups before the queue stops advancing
 
 
+def _nothing() -> None:
+    pass
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -98,6 +102,9 @@ class PopService:
         self.cursors: dict[Key, Cursor] = {}
         self._heap: list[tuple[int, str, str, int, int, int]] = []  # visible_at, g, t, q, offset, version
         self.broker = config.broker_name
+        # Called when an invisible time is pushed that ends before every other one: the
+        # revive loop sleeps until the earliest (BrokerController sets it to its wake()).
+        self.wake_reviver: Callable[[], None] = _nothing
 
     # -- cursors -------------------------------------------------------------------
 
@@ -149,7 +156,7 @@ class PopService:
         self, group: str, topic: str, qid: int, m: StoredMessage, inf: Inflight
     ) -> PoppedMessage:
         rh = f"{handle_prefix(self.broker, topic)}{qid}.{m.queue_offset}.{inf.version}.{inf.visible_at}"
-        heapq.heappush(self._heap, (inf.visible_at, group, topic, qid, m.queue_offset, inf.version))
+        self._push(inf.visible_at, group, topic, qid, m.queue_offset, inf.version)
         if topic.startswith("%RETRY%"):
             origin = m.properties.get(P_ORIGIN_TOPIC)
             if origin:
@@ -172,6 +179,8 @@ class PopService:
             prefix = f"{handle_prefix(self.broker, topic)}{qid}."
             inflight = c.inflight
             heap = self._heap
+            if r.messages and (not heap or visible_at < heap[0][0]):
+                self.wake_reviver()
             push = heapq.heappush
             new = _tuple_new
             for m in r.messages:
@@ -290,7 +299,7 @@ class PopService:
         inf.version += 1
         inf.visible_at = now_ms() + invisible_ms
         inf.released = invisible_ms == 0
-        heapq.heappush(self._heap, (inf.visible_at, group, rh.topic, rh.queue_id, rh.offset, inf.version))
+        self._push(inf.visible_at, group, rh.topic, rh.queue_id, rh.offset, inf.version)
         new = f"{handle_prefix(self.broker, rh.topic)}{rh.queue_id}.{rh.offset}.{inf.version}.{inf.visible_at}"
         r = self.journal.append(
             "chg",
@@ -318,6 +327,16 @@ class PopService:
         return r
 
     # -- revive ----------------------------------------------------------------------
+
+    def _push(self, visible_at: int, group: str, topic: str, qid: int, offset: int, version: int) -> None:
+        heap = self._heap
+        if not heap or visible_at < heap[0][0]:
+            self.wake_reviver()
+        heapq.heappush(heap, (visible_at, group, topic, qid, offset, version))
+
+    def next_due_ms(self) -> int | None:
+        """When the earliest invisible time ends (wall-clock ms); None: nothing in flight."""
+        return self._heap[0][0] if self._heap else None
 
     def revive_due(self) -> PutResult | None:
         """Handle in-flight messages whose invisible time passed."""

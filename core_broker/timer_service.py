@@ -3,20 +3,21 @@
 A message with a future delivery time is stored once, in the system timer
 queue, with its real destination in reserved properties. A heap of pending
 (deliver_at, timer offset) drives one asyncio task that sleeps until the next
-due time; firing writes a link record into the real queue (journaled in the
-same record), so the body is never copied and a fire survives a crash. After
+due time, or until woken while none is pending (see ``DeadlineLoop``); firing
+writes a link record into the real queue (journaled in the same record), so
+the body is never copied and a fire survives a crash. After
 a restart the pending heap is rebuilt by scanning the timer queue from the
 tracker's low-water mark, so a timer set before a restart still fires.
 """
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import logging
 import time
 from typing import Callable
 
+from .deadline_loop import DeadlineLoop
 from .journal import Journal
 from .message_store import MessageStore
 from .model import GetStatus, Message, PutResult
@@ -37,8 +38,8 @@ class TimerService:
         self.notify = notify
         self.tracker = SystemQueueTracker()
         self._heap: list[tuple[int, int, int]] = []  # (deliver_at, timer queue offset, phys)
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        # at most 1 s asleep while a timer is pending: bounds a wall-clock step's effect
+        self._loop = DeadlineLoop("unimq-timer", self._round, max_sleep_s=1.0)
 
     # -- state ---------------------------------------------------------------------
 
@@ -114,7 +115,7 @@ class TimerService:
         first = self._heap[0][0] if self._heap else None
         heapq.heappush(self._heap, (deliver_at, tq, phys))
         if first is None or deliver_at < first:
-            self._wake.set()
+            self._loop.wake()
 
     # -- firing ----------------------------------------------------------------------
 
@@ -144,32 +145,15 @@ class TimerService:
             n += 1
         return n
 
-    async def run(self) -> None:
-        while True:
-            try:
-                self.fire_due()
-            except Exception:
-                log.exception("timer round failed")
-            self._wake.clear()
-            delay = 1.0
-            if self._heap:
-                delay = max(0.0, min(1.0, (self._heap[0][0] - now_ms()) / 1000.0))
-            try:
-                # Not wait_for: on Python 3.11 it swallows a cancel() that arrives as the
-                # event is set (a send scheduling an earlier timer), and stop() then hangs.
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+    async def _round(self) -> float | None:
+        """Fire what is due; seconds until the next timer, None when none is pending."""
+        self.fire_due()
+        if not self._heap:
+            return None
+        return max(0.0, (self._heap[0][0] - now_ms()) / 1000.0)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self.run(), name="unimq-timer")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._loop.stop()

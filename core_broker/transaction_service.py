@@ -5,19 +5,21 @@ consumers. Commit links it into its real queue (one record, journaled with
 it); rollback journals the outcome only. A half left open longer than the
 check immunity is checked back through a callback the gRPC door registers
 (it asks a live producer over its Telemetry stream), repeatedly, up to the
-configured maximum, after which it is rolled back. Pending halves are found
-again after a restart by rescanning the half queue from the tracker's mark.
+configured maximum, after which it is rolled back. One task sleeps until the
+next half is due a check (not at all while none is open: see ``DeadlineLoop``).
+Pending halves are found again after a restart by rescanning the half queue
+from the tracker's mark.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from .config import BrokerConfig
+from .deadline_loop import DeadlineLoop
 from .errors import UnimqError
 from .journal import Journal
 from .message_store import MessageStore
@@ -74,7 +76,10 @@ class TransactionService:
         self.pending: dict[str, HalfMessage] = {}
         self._checks: dict[int, int] = {}  # half offset -> checks made (snapshotted)
         self.checker: TransactionChecker | None = None
-        self._task: asyncio.Task | None = None
+        # the longest sleep while a half is open (bounds a wall-clock step's effect), and
+        poll_s = max(0.05, min(config.transaction_check_interval_ms, config.transaction_check_immunity_ms, 1000) / 1000)
+        # the wait before the first round: the door that asks producers starts after the broker
+        self._loop = DeadlineLoop("unimq-txn-check", self._round, max_sleep_s=poll_s, first_delay_s=poll_s)
         # Asked before each round: true while nobody could receive checks (a separated
         # broker with no gateway connected); checks then wait instead of being counted unheard.
         self.hold_checks: Callable[[], bool] | None = None
@@ -117,6 +122,7 @@ class TransactionService:
             m.born_timestamp_ms or int(time.time() * 1000),
             self._checks.get(half_offset, 0),
         )
+        self._loop.wake()
         return tid
 
     def snapshot(self) -> dict:
@@ -180,6 +186,7 @@ class TransactionService:
         h.last_check_ms = 0
         self._checks[h.half_offset] = h.checks
         self.journal.append("tcheck", {"hq": h.half_offset, "n": h.checks})
+        self._loop.wake()  # due again at once
 
     def check_in_flight(self, transaction_id: str, timeout_s: float = IN_FLIGHT_TIMEOUT_S) -> None:
         """A check left the broker (separated mode: a gateway took it to hand it to a producer).
@@ -200,6 +207,7 @@ class TransactionService:
             h = self.pending.get(transaction_id)
             if h is not None:
                 h.in_flight_until = 0.0
+                self._loop.wake()
         else:
             self.uncount_check(transaction_id)
 
@@ -250,23 +258,33 @@ class TransactionService:
                 except Exception:
                     log.exception("transaction check callback failed for %s", tid)
 
-    async def run(self) -> None:
-        interval = min(self.config.transaction_check_interval_ms, self.config.transaction_check_immunity_ms, 1000)
-        while True:
-            await asyncio.sleep(max(0.05, interval / 1000.0))
-            try:
-                await self.check_round()
-            except Exception:
-                log.exception("transaction check round failed")
+    def next_due_s(self) -> float | None:
+        """Seconds until some open half is due a check (or its rollback); None: none is open."""
+        if not self.pending:
+            return None
+        now = time.time() * 1000
+        mono = time.monotonic()
+        cfg = self.config
+        due = float("inf")
+        for h in self.pending.values():
+            if h.in_flight_until and mono < h.in_flight_until:
+                at = now + (h.in_flight_until - mono) * 1000
+            else:
+                at = h.born_ms + cfg.transaction_check_immunity_ms
+                if h.last_check_ms:
+                    at = max(at, h.last_check_ms + cfg.transaction_check_interval_ms)
+            if at < due:
+                due = at
+        return max(0.001, (due - now) / 1000)
+
+    async def _round(self) -> float | None:
+        await self.check_round()
+        if self.pending and self.hold_checks is not None and self.hold_checks():
+            return self._loop.max_sleep_s  # nobody to ask yet: look again after the poll period
+        return self.next_due_s()
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self.run(), name="unimq-txn-check")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._loop.stop()
