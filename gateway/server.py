@@ -19,18 +19,18 @@ The stdout lines are a contract that tests and scripts parse::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import signal
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 import uvicorn
 
 from adapters.cloudevents.http_app import create_app
+from gateway.embedded_uvicorn import EmbeddedUvicorn
 from gateway.settings import UnimqSettings
 
 log = logging.getLogger("unimq.server")
@@ -96,18 +96,6 @@ def bind_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
     return sock
 
 
-class _EmbeddedUvicorn(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to :func:`run`.
-
-    uvicorn's own handlers would replace ours and re-raise the signal after
-    its shutdown, killing the process before the store is flushed.
-    """
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class HttpDoor:
     """The HTTP door: FastAPI (health, later CloudEvents) served by uvicorn on the running loop."""
 
@@ -115,7 +103,7 @@ class HttpDoor:
 
     def __init__(self, state: ServerState) -> None:
         self._state = state
-        self._server: _EmbeddedUvicorn | None = None
+        self._server: EmbeddedUvicorn | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> tuple[str, int]:
@@ -129,7 +117,7 @@ class HttpDoor:
             access_log=False,
             timeout_graceful_shutdown=5,
         )
-        server = _EmbeddedUvicorn(config)
+        server = EmbeddedUvicorn(config)
         self._server = server
         self._task = asyncio.create_task(server.serve(sockets=[sock]), name="unimq-http")
         while not server.started:

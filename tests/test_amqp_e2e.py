@@ -765,6 +765,35 @@ def test_per_message_expiration(conn: pika.BlockingConnection) -> None:
     assert ch.basic_get(q) == (None, None, None)
 
 
+def _deleted_soon(conn: pika.BlockingConnection, q: str, within_s: float = 20.0) -> bool:
+    """Whether ``q`` is deleted within ``within_s``; looks every 0.5 s (a passive declare is a
+    use that restarts x-expires, so it must come less often than the queue's x-expires)."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        time.sleep(0.5)
+        ch = conn.channel()
+        try:
+            ch.queue_declare(q, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as e:
+            return e.reply_code == 404
+        ch.close()
+    return False
+
+
+def test_x_expires_deletes_an_unused_queue_and_a_consumed_one_once_its_consumer_left(
+    conn: pika.BlockingConnection,
+) -> None:
+    ch = conn.channel()
+    idle, used = uniq("expires-idle"), uniq("expires-used")
+    ch.queue_declare(idle, arguments={"x-expires": 200})
+    ch.queue_declare(used, arguments={"x-expires": 200})
+    tag = ch.basic_consume(used, lambda *_: None)
+    assert _deleted_soon(conn, idle)
+    assert conn.channel().queue_declare(used, passive=True).method.consumer_count == 1  # in use: kept
+    ch.basic_cancel(tag)
+    assert _deleted_soon(conn, used)
+
+
 def test_max_length_drop_head_dead_letters(conn: pika.BlockingConnection) -> None:
     ch = conn.channel()
     dlq = uniq("maxlen-dlq")

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from pamqp import decode as pdecode
 from pamqp import encode as pencode
 
+from core_broker.deadline_loop import DeadlineLoop
 from core_broker.errors import TopicNotFoundError, UnimqError
 from core_broker.model import DispatchTarget, Message, StoredMessage
 from gateway.context import RequestContext
@@ -439,6 +440,13 @@ class QueueState:
         if self.task is None and not self.deleted:
             self.task = asyncio.get_running_loop().create_task(self._pump(), name=f"amqp-queue-{self.name}")
 
+    def drop_consumer(self, c: "Consumer") -> None:
+        """Forget a cancelled or closed consumer (an unused queue starts towards its x-expires)."""
+        if c in self.consumers:
+            self.consumers.remove(c)
+            if not self.consumers and self.expires is not None:
+                self.broker.expiry_changed()
+
     def _needs_scan(self) -> bool:
         return (self.ttl is not None or self.per_message_ttl) and self.ready() > len(self.buffer)
 
@@ -786,7 +794,8 @@ class AmqpBroker:
         self.stopping = False
         self.blocked: str | None = None
         self._known_topics: set[str] = set()
-        self._tasks: list[asyncio.Task[Any]] = []
+        # x-expires: asleep until the earliest unused queue's expiry (no wake-ups without one)
+        self._expiry = DeadlineLoop("amqp-queue-expiry", self._expire_round, max_sleep_s=60.0)
         # cross-door amq.topic routes (see _foreign_queues): per MQTT topic, for one vhost version
         self._fq_vhost: VHost | None = None
         self._fq_version = -1
@@ -862,8 +871,7 @@ class AmqpBroker:
         if hasattr(self.processor, "add_router"):
             self.processor.add_router(self)
         await self._load()
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._expires_loop(), name="amqp-queue-expiry")]
+        self._expiry.start()
         for vh in self.vhosts.values():
             for q in vh.queues.values():
                 if q.count or q.ttl is not None:
@@ -873,8 +881,7 @@ class AmqpBroker:
         self.stopping = True
         if hasattr(self.processor, "remove_router"):
             self.processor.remove_router(self)
-        for t in self._tasks:
-            t.cancel()
+        await self._expiry.stop()
         for vh in self.vhosts.values():
             for q in vh.queues.values():
                 if q.task is not None:
@@ -1060,6 +1067,8 @@ class AmqpBroker:
         await self.processor.create_topic(self.ctx, q.topic, queues=1, exist_ok=True)
         vh.queues[name] = q
         vh.version += 1
+        if q.expires is not None:
+            self.expiry_changed()
         if durable and exclusive is None:  # an exclusive queue dies with its connection anyway
             await self.processor.kv_put(self.ctx, KV_NS, q.key(), q.to_json())
         if q.ttl is not None:
@@ -1202,15 +1211,28 @@ class AmqpBroker:
 
     # ------------------------------------------------------------------ background loops
 
-    async def _expires_loop(self) -> None:
-        """x-expires: delete queues unused (no consumers, no get, no redeclare) for that long."""
-        while True:
-            await asyncio.sleep(0.25)
-            now = time.monotonic()
-            for vh in self.vhosts.values():
-                for q in list(vh.queues.values()):
-                    if q.expires is not None and not q.consumers and now - q.last_used > q.expires / 1000.0:
-                        await self.delete_queue(q)
+    def expiry_changed(self) -> None:
+        """A queue with x-expires appeared or lost its last consumer: its expiry may come first."""
+        self._expiry.wake()
+
+    async def _expire_round(self) -> float | None:
+        """x-expires: delete queues unused (no consumers, no get, no redeclare) for that long.
+
+        Returns seconds until the next unused queue would expire (None: none can yet).
+        A use only moves a queue's expiry later, so it needs no wake-up.
+        """
+        now = time.monotonic()
+        due: float | None = None
+        for vh in self.vhosts.values():
+            for q in list(vh.queues.values()):
+                if q.expires is None or q.consumers:
+                    continue
+                at = q.last_used + q.expires / 1000.0
+                if now > at:
+                    await self.delete_queue(q)
+                elif due is None or at < due:
+                    due = at
+        return None if due is None else max(due - now, 0.001)
 
     # ------------------------------------------------------------------ names
 

@@ -237,8 +237,7 @@ class Channel:
         touched: list[QueueState] = []
         for c in list(self.consumers.values()):
             q = c.queue
-            if c in q.consumers:
-                q.consumers.remove(c)
+            q.drop_consumer(c)
             touched.append(q)
         self.consumers.clear()
         self.requeue_all()
@@ -1097,9 +1096,8 @@ async def _basic_cancel(conn: AmqpConnection, ch: Channel, m: Any) -> None:
         conn.send_method(ch.number, codec.method(C.Basic.CancelOk, consumer_tag=m.consumer_tag))
     if c is not None:
         q = c.queue
-        if c in q.consumers:
-            q.consumers.remove(c)
         q.last_used = time.monotonic()
+        q.drop_consumer(c)
         await conn._maybe_auto_delete(q)
 
 

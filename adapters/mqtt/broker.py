@@ -282,6 +282,7 @@ class MQTTBroker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._flusher: asyncio.Task[None] | None = None
         self._dirty_sessions: set[Session] = set()
+        self._dirty_wake = asyncio.Event()  # set when _dirty_sessions stops being empty
         self.stats = {"qos0_dropped": 0}
         self.mem_used = 0  # bytes held by every cursor's in-memory queue (see _mem_push)
         # counters for $SYS (sys_topics.py): PUBLISH packets and bytes in and out since start
@@ -407,7 +408,11 @@ class MQTTBroker:
     # -- offsets
 
     async def _flush_loop(self) -> None:
+        # Asleep while no session has anything to commit; then one commit per 0.2 s at most,
+        # taking in everything that became dirty meanwhile.
         while True:
+            await self._dirty_wake.wait()
+            self._dirty_wake.clear()
             await asyncio.sleep(0.2)
             try:
                 await self._commit_offsets()
@@ -1024,6 +1029,8 @@ class MQTTBroker:
                      lmq: tuple[str, str], off: int, out: Outgoing) -> None:
         cur.out.append(off)
         s.dirty.add(lmq)
+        if not self._dirty_sessions:
+            self._dirty_wake.set()
         self._dirty_sessions.add(s)
         if out.expiry_at and out.expired(_now_ms()):
             cur.ack(off)
@@ -1192,6 +1199,8 @@ class MQTTBroker:
             if cur is not None:
                 cur.ack(f.offset)
                 s.dirty.add(f.lmq)
+                if not self._dirty_sessions:
+                    self._dirty_wake.set()
                 self._dirty_sessions.add(s)
 
     # -- shared subscriptions (pop/ack)
@@ -1443,6 +1452,8 @@ class MQTTBroker:
             return
         s.conn = None
         s.disconnected_at = _now_ms()
+        if not self._dirty_sessions:
+            self._dirty_wake.set()
         self._dirty_sessions.add(s)
         s.dirty.update(s.cursors)
         for cur in s.cursors.values():

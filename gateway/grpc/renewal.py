@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from core_broker.deadline_loop import DeadlineLoop
 from core_broker.errors import UnimqError
 from gateway.context import RequestContext
 from gateway.processor import MessagingProcessor
@@ -58,23 +59,20 @@ class Renewer:
         self.max_renew_ms = max_renew_ms
         self.interval_s = interval_s
         self.held: dict[str, _Held] = {}  # handle given to the client -> current state
-        self._task: asyncio.Task[None] | None = None
+        # every interval_s while something is held; asleep (no wake-ups) while nothing is
+        self._loop = DeadlineLoop("unimq-grpc-renew", self._round, max_sleep_s=interval_s, first_delay_s=interval_s)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="unimq-grpc-renew")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._loop.stop()
         self.held.clear()
 
     def hold(self, ctx: RequestContext, group: str, topic: str, handle: str, visible_at_ms: int) -> None:
         now = int(time.time() * 1000)
+        if not self.held:
+            self._loop.wake()
         self.held[handle] = _Held(ctx, group, topic, handle, visible_at_ms, now + self.max_renew_ms)
 
     async def release(self, client_handle: str) -> str:
@@ -102,10 +100,6 @@ class Renewer:
                     log.debug("stop renewing %s: %s", client_handle[:40], e)
                     self.held.pop(client_handle, None)
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.renew_due()
-            except Exception:
-                log.exception("invisible-time renewal failed")
+    async def _round(self) -> float | None:
+        await self.renew_due()
+        return self.interval_s if self.held else None
