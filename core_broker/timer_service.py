@@ -20,7 +20,8 @@ from typing import Callable
 from .deadline_loop import DeadlineLoop
 from .journal import Journal
 from .message_store import MessageStore
-from .model import GetStatus, Message, PutResult
+from .model import Message, PutResult
+from .system_queue_scan import unfinished
 from .system_queue_tracker import SystemQueueTracker
 from .system_topics import P_DELIVER_AT, P_REAL_QUEUE, P_REAL_TOPIC, TIMER_TOPIC
 
@@ -50,21 +51,11 @@ class TimerService:
     def rebuild(self) -> None:
         """Find every timer not yet fired (after snapshot load and journal replay)."""
         self._heap.clear()
-        off = max(self.tracker.low_water, self.store.min_offset(TIMER_TOPIC, 0))
-        while True:
-            r = self.store.get(TIMER_TOPIC, 0, off, 512)
-            if r.status == GetStatus.OFFSET_MOVED:
-                off = r.next_offset
-                continue
-            if not r.messages:
-                break
-            for m in r.messages:
-                if not self.tracker.is_done(m.queue_offset):
-                    at = int(m.properties.get(P_DELIVER_AT, m.delivery_time_ms))
-                    phys = self.store.phys_at(TIMER_TOPIC, 0, m.queue_offset)  # the link, not its origin
-                    if phys is not None:
-                        self._heap.append((at, m.queue_offset, phys))
-            off = r.next_offset
+        for m in unfinished(self.store, TIMER_TOPIC, self.tracker):
+            at = int(m.properties.get(P_DELIVER_AT, m.delivery_time_ms))
+            phys = self.store.phys_at(TIMER_TOPIC, 0, m.queue_offset)  # the link, not its origin
+            if phys is not None:
+                self._heap.append((at, m.queue_offset, phys))
         heapq.heapify(self._heap)
 
     @property

@@ -23,7 +23,8 @@ from .deadline_loop import DeadlineLoop
 from .errors import UnimqError
 from .journal import Journal
 from .message_store import MessageStore
-from .model import GetStatus, Message, PutResult, StoredMessage
+from .model import Message, PutResult, StoredMessage
+from .system_queue_scan import unfinished
 from .system_queue_tracker import SystemQueueTracker
 from .system_topics import HALF_TOPIC, P_PRODUCER_GROUP, P_REAL_QUEUE, P_REAL_TOPIC, public_properties
 
@@ -98,18 +99,8 @@ class TransactionService:
 
     def rebuild(self) -> None:
         self.pending.clear()
-        off = max(self.tracker.low_water, self.store.min_offset(HALF_TOPIC, 0))
-        while True:
-            r = self.store.get(HALF_TOPIC, 0, off, 512)
-            if r.status == GetStatus.OFFSET_MOVED:
-                off = r.next_offset
-                continue
-            if not r.messages:
-                break
-            for m in r.messages:
-                if not self.tracker.is_done(m.queue_offset):
-                    self._track(m.queue_offset, m.commitlog_offset, m)
-            off = r.next_offset
+        for m in unfinished(self.store, HALF_TOPIC, self.tracker):
+            self._track(m.queue_offset, m.commitlog_offset, m)
 
     def _track(self, half_offset: int, phys: int, m: Message) -> str:
         tid = self.transaction_id(phys)
