@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import glob
 import os
-import queue
-import re
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -52,8 +49,10 @@ from pamqp import header as pheader
 
 try:
     from . import Context, Row
+    from .procs import UnimqChild, free_port, group_cpu_seconds, stop_group
 except ImportError:  # run as a script
     from bench import Context, Row  # type: ignore[no-redef]
+    from bench.procs import UnimqChild, free_port, group_cpu_seconds, stop_group  # type: ignore[no-redef]
 
 NAME = "amqp"
 TITLE = "AMQP 0-9-1 door vs RabbitMQ"
@@ -312,14 +311,14 @@ def measure(port: int, sc: Scenario, duration: float, broker_pids: list[int]) ->
     with cond:
         p0 = state["confirmed"] if sc.confirm else state["published"]
         c0 = state["consumed"]
-    b0 = _cpu_seconds(broker_pids)
+    b0 = group_cpu_seconds(broker_pids)
     g0 = sum(os.times()[:2])
     t0 = time.perf_counter()
     record[0] = True
     time.sleep(duration)
     record[0] = False
     t1 = time.perf_counter()
-    b1 = _cpu_seconds(broker_pids)
+    b1 = group_cpu_seconds(broker_pids)
     g1 = sum(os.times()[:2])
     with cond:
         p1 = state["confirmed"] if sc.confirm else state["published"]
@@ -343,32 +342,6 @@ def measure(port: int, sc: Scenario, duration: float, broker_pids: list[int]) ->
 
 
 # ------------------------------------------------------------------------------ brokers
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of these processes and every process in their process groups."""
-    tick = os.sysconf("SC_CLK_TCK")
-    groups = set()
-    for p in pids:
-        try:
-            groups.add(os.getpgid(p))
-        except OSError:
-            pass
-    total = 0
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) in groups:
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, proc: subprocess.Popen, timeout: float, log: Path) -> None:
@@ -401,9 +374,9 @@ class RabbitMQ:
 
     def __init__(self, base: Path) -> None:
         self.base = base
-        self.port = _free_port()
-        self.epmd_port = _free_port()
-        self.dist_port = _free_port()
+        self.port = free_port()
+        self.epmd_port = free_port()
+        self.dist_port = free_port()
         log = base / "rabbitmq.out"
         self.log = log
         (base / "enabled_plugins").write_text("[].\n")
@@ -440,72 +413,14 @@ class RabbitMQ:
 
     def stop(self) -> None:
         for p in (self.proc, self.epmd):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)  # the process group we created for this child
-                except OSError:
-                    p.terminate()
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
+            stop_group(p, 30)  # the process group we created for this child
 
 
-class Unimq:
+class Unimq(UnimqChild):
     """`unimq up` as a child process on ephemeral ports (only the AMQP port matters here)."""
 
-    LISTEN = re.compile(r"^unimq: amqp listening on \S+:(\d+)$")
-
     def __init__(self, base: Path, flush: str) -> None:
-        exe = Path(sys.executable).with_name("unimq")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
-        cmd += ["up", "--data-dir", str(base / "data"), "--host", "127.0.0.1", "--flush", flush,
-                "--log-level", "warning"]
-        for flag in ("--mqtt-port", "--amqp-port", "--http-port", "--grpc-port", "--namesrv-port"):
-            cmd += [flag, "0"]
-        self.log = base / "unimq.err"
-        with self.log.open("w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                         text=True, start_new_session=True)
-        lines: queue.Queue[str | None] = queue.Queue()
-
-        def pump() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                lines.put(line.strip())
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        self.port = 0
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=1)
-            except queue.Empty:
-                continue
-            if line is None:
-                raise RuntimeError(f"unimq exited: {self.log.read_text()[-2000:]}")
-            m = self.LISTEN.match(line)
-            if m:
-                self.port = int(m[1])
-            if line == "unimq: ready":
-                return
-        self.stop()
-        raise RuntimeError("unimq did not get ready in 60 s")
-
-    @property
-    def pids(self) -> list[int]:
-        return [self.proc.pid]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        super().__init__(base, "amqp", flush)
 
 
 # ------------------------------------------------------------------------------ section

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import Context, Row
+from .procs import cpu_seconds
 
 NAME = "http"
 TITLE = "HTTP/CloudEvents door ingest vs bare FastAPI/uvicorn"
@@ -256,15 +257,6 @@ def run_raw(url: str, load: Load, seconds: float) -> tuple[float, int, int]:
         return asyncio.run(main())
 
 
-def _cpu_seconds(pid: int) -> float:
-    """CPU time (user + system, all threads) a process has used so far."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-
-
 def _children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
@@ -277,7 +269,7 @@ def measure(url: str, load: Load, seconds: float, scratch: Path, pid: int = 0) -
     what the finished child used (RUSAGE_CHILDREN; the servers are not reaped until the
     end), the fallback generator's is this process's own.
     """
-    c0 = _cpu_seconds(pid) if pid else float("nan")
+    c0 = cpu_seconds(pid) if pid else float("nan")
     if shutil.which("wrk"):
         g0 = _children_cpu()
         rps, bad, n = run_wrk(url, load, seconds, scratch)
@@ -286,7 +278,7 @@ def measure(url: str, load: Load, seconds: float, scratch: Path, pid: int = 0) -
         g0 = time.process_time()
         rps, bad, n = run_raw(url, load, seconds)
         g1 = time.process_time()
-    c1 = _cpu_seconds(pid) if pid else float("nan")
+    c1 = cpu_seconds(pid) if pid else float("nan")
     if not n:
         return rps, bad, float("nan"), float("nan")
     return rps, bad, (c1 - c0) / n * 1e6, (g1 - g0) / n * 1e6

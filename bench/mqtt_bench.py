@@ -43,15 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
 import re
 import shutil
-import signal
 import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +56,10 @@ from typing import Any, Callable
 
 try:
     from . import Context, Row
+    from .procs import UnimqChild, cpu_seconds, free_port, rss_mib, stop_group
 except ImportError:  # run as a script
     from bench import Context, Row  # type: ignore[no-redef]
+    from bench.procs import UnimqChild, cpu_seconds, free_port, rss_mib, stop_group  # type: ignore[no-redef]
 
 NAME = "mqtt"
 TITLE = "MQTT door vs Mosquitto and amqtt"
@@ -445,31 +444,7 @@ async def idle_clients(port: int, pid: int, count: int, budget_s: float = 120.0)
     return before, after, n
 
 
-def rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
-def cpu_s(pid: int) -> float:
-    try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-
-
 # ------------------------------------------------------------------------------ brokers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, proc: subprocess.Popen[Any], timeout: float, log: Path) -> None:
@@ -491,16 +466,7 @@ class Broker:
     port: int
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except OSError:
-                self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        stop_group(self.proc)
 
 
 class Mosquitto(Broker):
@@ -518,7 +484,7 @@ class Mosquitto(Broker):
         return m[1] if m else "?"
 
     def __init__(self, base: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         conf = base / "mosquitto.conf"
         conf.write_text(f"listener {self.port} {HOST}\nallow_anonymous true\npersistence false\n"
                         "log_dest none\nmax_keepalive 65535\n")
@@ -552,7 +518,7 @@ class Amqtt(Broker):
             return "?"
 
     def __init__(self, base: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         conf = base / "amqtt.yaml"
         conf.write_text(
             "---\nlisteners:\n  default:\n    type: tcp\n"
@@ -567,51 +533,15 @@ class Amqtt(Broker):
         _wait_port(self.port, self.proc, 30, log)
 
 
-class Unimq(Broker):
+class Unimq(UnimqChild, Broker):
     name = "unimq"
-    LISTEN = re.compile(r"^unimq: mqtt listening on \S+:(\d+)$")
+    # 256 MiB segments (each scenario's data dir is removed after it) and no free-space
+    # thresholds: the machine's disk is shared, and a threshold would refuse puts.
+    CONFIG = ("mqtt_ws_port = -1\n[store]\ncommitlog_segment_size = 268435456\n"
+              "disk_min_free_ratio = 0.0\ndisk_refuse_free_ratio = 0.0\n")
 
     def __init__(self, base: Path, flush: str = "async") -> None:
-        exe = Path(sys.executable).with_name("unimq")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
-        cmd += ["up", "--data-dir", str(base / "data"), "--host", HOST, "--flush", flush, "--log-level", "warning"]
-        for flag in ("--mqtt-port", "--amqp-port", "--http-port", "--grpc-port", "--namesrv-port"):
-            cmd += [flag, "0"]
-        cfg = base / "unimq.toml"
-        # 256 MiB segments (each scenario's data dir is removed after it) and no free-space
-        # thresholds: the machine's disk is shared, and a threshold would refuse puts.
-        cfg.write_text("mqtt_ws_port = -1\n[store]\ncommitlog_segment_size = 268435456\n"
-                       "disk_min_free_ratio = 0.0\ndisk_refuse_free_ratio = 0.0\n")
-        cmd += ["--config", str(cfg)]
-        log = base / "unimq.err"
-        with log.open("w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err,
-                                         stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-        lines: queue.Queue[str | None] = queue.Queue()
-
-        def pump() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                lines.put(line.strip())
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        self.port = 0
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=1)
-            except queue.Empty:
-                continue
-            if line is None:
-                raise RuntimeError(f"unimq exited: {log.read_text()[-2000:]}")
-            m = self.LISTEN.match(line)
-            if m:
-                self.port = int(m[1])
-            if line == "unimq: ready":
-                return
-        self.stop()
-        raise RuntimeError("unimq did not get ready in 60 s")
+        super().__init__(base, "mqtt", flush, config=self.CONFIG, host=HOST)
 
 
 # ------------------------------------------------------------------------------ section
@@ -639,7 +569,7 @@ def measure(make: Callable[[Path], Broker], base: Path, quick: bool, idle_count:
         d = base / key
         d.mkdir(parents=True, exist_ok=True)
         b = make(d)
-        c0, g0 = cpu_s(b.proc.pid), time.process_time()
+        c0, g0 = cpu_seconds(b.proc.pid), time.process_time()
         w0 = time.perf_counter()
         try:
             return fn(b)
@@ -648,7 +578,7 @@ def measure(make: Callable[[Path], Broker], base: Path, quick: bool, idle_count:
             return None
         finally:
             wall = time.perf_counter() - w0
-            res.broker_cpu_s[key] = cpu_s(b.proc.pid) - c0
+            res.broker_cpu_s[key] = cpu_seconds(b.proc.pid) - c0
             res.broker_cpu[key] = res.broker_cpu_s[key] / wall
             res.gen_cpu[key] = (time.process_time() - g0) / wall
             b.stop()
