@@ -55,22 +55,25 @@ class Context:
     # fsync latency stays high for seconds after dd or a bulk write.
 
     def fsync_peer(self) -> "DiskBaseline":
-        from . import disk_baseline
-
-        if self.peer is None:
-            self.peer = disk_baseline.DiskBaseline()
-        if not self.peer.fsync_runs:
-            disk_baseline.measure_fsync(self.peer, self.scratch("disk-fsync"), quick=self.quick)
-        return self.peer
+        return self._peer_part("fsync")
 
     def dd_peer(self) -> "DiskBaseline":
+        return self._peer_part("dd")
+
+    def _peer_part(self, part: str) -> "DiskBaseline":
+        """The disk peer with ``part`` ("fsync" or "dd") measured, measuring it now if not yet."""
         from . import disk_baseline
 
         if self.peer is None:
             self.peer = disk_baseline.DiskBaseline()
-        if not self.peer.dd_runs:
-            disk_baseline.measure_dd(self.peer, self.scratch("disk-dd"), quick=self.quick)
-        return self.peer
+        peer = self.peer
+        runs, measure = {
+            "fsync": (peer.fsync_runs, disk_baseline.measure_fsync),
+            "dd": (peer.dd_runs, disk_baseline.measure_dd),
+        }[part]
+        if not runs:
+            measure(peer, self.scratch(f"disk-{part}"), quick=self.quick)
+        return peer
 
 
 def fmt_int(x: float | None) -> str:

@@ -22,6 +22,7 @@ import multiprocessing
 import tempfile
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from . import Context, Row
 
@@ -93,28 +94,29 @@ async def _merged(root: Path, n_single: int, n_batch: int) -> dict[str, float]:
             off = r.next_offset
     out["store_get"] = got / (time.perf_counter() - t)
 
-    # pop + ack through the processor over the same backlog
-    t = time.perf_counter()
-    done = 0
-    while done < got:
-        popped = await p.pop(ctx, "bench-g", "pb", BATCH, 60_000)
-        if not popped:
-            break
+    async def pop_all(group: str, settle: Callable[[list], Awaitable[None]]) -> float:
+        """Pop the whole backlog for ``group``, settling each popped batch; messages/s."""
+        t = time.perf_counter()
+        done = 0
+        while done < got:
+            popped = await p.pop(ctx, group, "pb", BATCH, 60_000)
+            if not popped:
+                break
+            await settle(popped)
+            done += len(popped)
+        return done / (time.perf_counter() - t)
+
+    async def ack_each(popped: list) -> None:
         for m in popped:
             await p.ack(ctx, "bench-g", "pb", m.receipt_handle)
-        done += len(popped)
-    out["proc_popack"] = done / (time.perf_counter() - t)
 
-    # the same backlog for a second group, each popped batch settled with one ack_batch
-    t = time.perf_counter()
-    done = 0
-    while done < got:
-        popped = await p.pop(ctx, "bench-g2", "pb", BATCH, 60_000)
-        if not popped:
-            break
+    async def ack_batch(popped: list) -> None:
         await p.ack_batch(ctx, "bench-g2", "pb", [m.receipt_handle for m in popped])
-        done += len(popped)
-    out["proc_popack_batch"] = done / (time.perf_counter() - t)
+
+    # pop + ack through the processor over the same backlog; then the same backlog for a
+    # second group, each popped batch settled with one ack_batch
+    out["proc_popack"] = await pop_all("bench-g", ack_each)
+    out["proc_popack_batch"] = await pop_all("bench-g2", ack_batch)
     await p.stop()
     return out
 
@@ -208,12 +210,14 @@ def run(ctx: Context) -> list[Row]:
         two_pop = _parallel(gws, "s2", n // 2, "pop")
     finally:
         cluster.stop()
-    rows.append(Row(NAME, f"send, {BATCH} x 100 B per call, separated, 1 gateway", one_send, one_send * 100 / 1e6,
-                    f"merged {m['proc_batch']:,.0f}/s", f"{one_send / m['proc_batch']:.2f}x of merged"))
-    rows.append(Row(NAME, f"send, {BATCH} x 100 B per call, separated, 2 gateways in parallel", two_send,
-                    two_send * 100 / 1e6, f"1 gateway {one_send:,.0f}/s", f"{two_send / one_send:.2f}x of 1 gateway"))
-    rows.append(Row(NAME, f"pop({BATCH}) + ack each, separated, 1 gateway", one_pop, None,
-                    f"merged {m['proc_popack']:,.0f}/s", f"{one_pop / m['proc_popack']:.2f}x of merged"))
-    rows.append(Row(NAME, f"pop({BATCH}) + ack each, separated, 2 gateways in parallel", two_pop, None,
-                    f"1 gateway {one_pop:,.0f}/s", f"{two_pop / one_pop:.2f}x of 1 gateway"))
+
+    def scaling_row(name: str, rate: float, mb_s: bool, base_name: str, base: float) -> Row:
+        return Row(NAME, name, rate, rate * 100 / 1e6 if mb_s else None, f"{base_name} {base:,.0f}/s",
+                   f"{rate / base:.2f}x of {base_name}")
+
+    send, popack = f"send, {BATCH} x 100 B per call, separated", f"pop({BATCH}) + ack each, separated"
+    rows.append(scaling_row(f"{send}, 1 gateway", one_send, True, "merged", m["proc_batch"]))
+    rows.append(scaling_row(f"{send}, 2 gateways in parallel", two_send, True, "1 gateway", one_send))
+    rows.append(scaling_row(f"{popack}, 1 gateway", one_pop, False, "merged", m["proc_popack"]))
+    rows.append(scaling_row(f"{popack}, 2 gateways in parallel", two_pop, False, "1 gateway", one_pop))
     return rows
