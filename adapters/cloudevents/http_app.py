@@ -267,6 +267,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "not found"},
 }
 
+
+def _messages_responses(model: type[BaseModel], description: str, *more_types: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI answers of a route returning messages: JSON (``model``) or, when the request
+    accepts it, a CloudEvents batch (or one of ``more_types``); besides the error answers."""
+    content: dict[str, Any] = {CE_BATCH_CONTENT_TYPE: {}, **{t: {} for t in more_types}}
+    return {**_ERRORS, 200: {"content": content, "model": model, "description": description}}
+
 _CE_EVENT_SCHEMA = {
     "type": "object",
     "required": ["specversion", "id", "source", "type"],
@@ -569,9 +576,8 @@ def create_app(state: ServerState) -> FastAPI:
         return Response(_dumps(send_json(r)), media_type=JSON)
 
     @app.get("/v1/topics/{topic:path}/events", tags=["consume"], response_model=PopOut,
-             responses={**_ERRORS, 200: {"content": {CE_BATCH_CONTENT_TYPE: {}}, "model": PopOut,
-                                         "description": "the stored events with this id (JSON messages, or "
-                                                        f"CloudEvents with Accept: {CE_BATCH_CONTENT_TYPE})"}})
+             responses=_messages_responses(PopOut, "the stored events with this id (JSON messages, or "
+                                                   f"CloudEvents with Accept: {CE_BATCH_CONTENT_TYPE})"))
     async def find_events(
         request: Request,
         topic: str = Path(description="topic name"),
@@ -654,9 +660,8 @@ def create_app(state: ServerState) -> FastAPI:
     # -- pop consumption -------------------------------------------------------------------
 
     @app.post("/v1/topics/{topic:path}/groups/{group}/pop", tags=["consume"], response_model=PopOut,
-              responses={**_ERRORS, 200: {"content": {CE_BATCH_CONTENT_TYPE: {}}, "model": PopOut,
-                                          "description": "messages (JSON) or CloudEvents (with Accept: "
-                                                         f"{CE_BATCH_CONTENT_TYPE})"}})
+              responses=_messages_responses(PopOut, "messages (JSON) or CloudEvents (with Accept: "
+                                                    f"{CE_BATCH_CONTENT_TYPE})"))
     async def pop(
         request: Request,
         topic: str = Path(description="topic name"),
@@ -713,9 +718,7 @@ def create_app(state: ServerState) -> FastAPI:
     # -- pull by offset ----------------------------------------------------------------------
 
     @app.get("/v1/topics/{topic:path}/queues/{queue}/messages", tags=["consume"], response_model=PullOut,
-             responses={**_ERRORS, 200: {"content": {CE_BATCH_CONTENT_TYPE: {},
-                                                     "application/vnd.apache.arrow.stream": {}}, "model": PullOut,
-                                         "description": "messages from the offset"}})
+             responses=_messages_responses(PullOut, "messages from the offset", "application/vnd.apache.arrow.stream"))
     async def pull(
         request: Request,
         topic: str = Path(description="topic name"),
