@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -245,38 +246,38 @@ def main() -> None:
     acker = Acker(args.count)
     errors: list[BaseException] = []
 
+    def guarded(body: Callable[[], None]) -> Callable[[], None]:
+        """A writer thread's target: a failure is kept (printed on stderr, the parent sees the
+        exit code) and stops every writer."""
+
+        def run() -> None:
+            try:
+                body()
+            except BaseException as e:
+                errors.append(e)
+                acker.done.set()
+
+        return run
+
+    def put_acked(batch: list[int]) -> None:
+        results = store.put_batch([make_message(seed, s) for s in batch])
+        for s, r in zip(batch, results):
+            acker.ack(s, r)
+
     def single_writer() -> None:
-        try:
-            while not acker.done.is_set():
-                (seq,) = next_seqs(1)
-                acker.ack(seq, store.put(make_message(seed, seq)))
-        except BaseException as e:  # reported on stderr; the parent sees the exit code
-            errors.append(e)
-            acker.done.set()
+        while not acker.done.is_set():
+            (seq,) = next_seqs(1)
+            acker.ack(seq, store.put(make_message(seed, seq)))
 
     def batch_writer() -> None:
-        try:
-            n = 0
-            while not acker.done.is_set():
-                n += 1
-                batch = next_seqs(2 + n % 7)
-                results = store.put_batch([make_message(seed, s) for s in batch])
-                for s, r in zip(batch, results):
-                    acker.ack(s, r)
-        except BaseException as e:
-            errors.append(e)
-            acker.done.set()
+        n = 0
+        while not acker.done.is_set():
+            n += 1
+            put_acked(next_seqs(2 + n % 7))
 
     def plain_writer() -> None:
-        try:
-            while not acker.done.is_set():
-                batch = next_plain_block()
-                results = store.put_batch([make_message(seed, s) for s in batch])
-                for s, r in zip(batch, results):
-                    acker.ack(s, r)
-        except BaseException as e:
-            errors.append(e)
-            acker.done.set()
+        while not acker.done.is_set():
+            put_acked(next_plain_block())
 
     async def async_task(i: int) -> None:
         n = 0
@@ -300,16 +301,10 @@ def main() -> None:
         async def run() -> None:
             await asyncio.gather(*(async_task(i) for i in range(args.async_tasks)))
 
-        try:
-            asyncio.run(run())
-        except BaseException as e:
-            errors.append(e)
-            acker.done.set()
+        asyncio.run(run())
 
-    workers = [threading.Thread(target=single_writer, daemon=True) for _ in range(args.threads)]
-    workers.append(threading.Thread(target=batch_writer, daemon=True))
-    workers.append(threading.Thread(target=plain_writer, daemon=True))
-    workers.append(threading.Thread(target=async_writer, daemon=True))
+    bodies = [single_writer] * args.threads + [batch_writer, plain_writer, async_writer]
+    workers = [threading.Thread(target=guarded(b), daemon=True) for b in bodies]
     for w in workers:
         w.start()
     for w in workers:

@@ -13,22 +13,36 @@ import time
 import pika
 import pika.exceptions
 import pytest
+from pika.adapters.blocking_connection import BlockingChannel
 
 pytestmark = pytest.mark.timeout(120)
+
+
+# Test-sized segments and no free-space thresholds: the machine's disk is shared.
+SMALL_STORE = "[store]\ncommitlog_segment_size = 67108864\ndisk_refuse_free_ratio = 0.0\ndisk_min_free_ratio = 0.0\n"
 
 
 def _params(server) -> pika.ConnectionParameters:  # type: ignore[no-untyped-def]
     return pika.ConnectionParameters("127.0.0.1", server.ports["amqp"])
 
 
+def _config(tmp_path, text: str = SMALL_STORE) -> str:  # type: ignore[no-untyped-def]
+    """A config file with ``text``; returns its path for ``--config``."""
+    cfg = tmp_path / "unimq.toml"
+    cfg.write_text(text)
+    return str(cfg)
+
+
+def _connect(server) -> tuple[pika.BlockingConnection, BlockingChannel]:  # type: ignore[no-untyped-def]
+    c = pika.BlockingConnection(_params(server))
+    return c, c.channel()
+
+
 def test_durable_state_and_persistent_messages_survive_restart(unimq_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     data = tmp_path / "data"
-    cfg = tmp_path / "unimq.toml"
-    cfg.write_text("[store]\ncommitlog_segment_size = 67108864\n"
-                   "disk_refuse_free_ratio = 0.0\ndisk_min_free_ratio = 0.0\n")
-    s1 = unimq_server("--config", str(cfg), data_dir=data)
-    c = pika.BlockingConnection(_params(s1))
-    ch = c.channel()
+    cfg = _config(tmp_path)
+    s1 = unimq_server("--config", cfg, data_dir=data)
+    c, ch = _connect(s1)
     ch.confirm_delivery()
     ch.exchange_declare("orders", "topic", durable=True)
     ch.exchange_declare("audit", "fanout", durable=True)
@@ -46,9 +60,8 @@ def test_durable_state_and_persistent_messages_survive_restart(unimq_server, tmp
     c.close()  # closing requeues it
     assert s1.stop(signal.SIGTERM) == 0
 
-    s2 = unimq_server("--config", str(cfg), data_dir=data)
-    c = pika.BlockingConnection(_params(s2))
-    ch = c.channel()
+    s2 = unimq_server("--config", cfg, data_dir=data)
+    c, ch = _connect(s2)
     assert ch.queue_declare("orders.eu", passive=True).method.message_count == 3
     assert ch.queue_declare("audit.log", passive=True).method.message_count == 3
     ch.exchange_declare("orders", "topic", passive=True)
@@ -85,12 +98,9 @@ def test_durable_state_and_persistent_messages_survive_restart(unimq_server, tmp
 def test_out_of_order_acks_and_purge_survive_restart(unimq_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A durable queue's cursor: acked messages never come back, unacked ones do (redelivered)."""
     data = tmp_path / "data"
-    cfg = tmp_path / "unimq.toml"
-    cfg.write_text("[store]\ncommitlog_segment_size = 67108864\n"
-                   "disk_refuse_free_ratio = 0.0\ndisk_min_free_ratio = 0.0\n")
-    s1 = unimq_server("--config", str(cfg), data_dir=data)
-    c = pika.BlockingConnection(_params(s1))
-    ch = c.channel()
+    cfg = _config(tmp_path)
+    s1 = unimq_server("--config", cfg, data_dir=data)
+    c, ch = _connect(s1)
     ch.confirm_delivery()
     ch.queue_declare("jobs", durable=True)
     ch.queue_declare("purged", durable=True)
@@ -110,9 +120,8 @@ def test_out_of_order_acks_and_purge_survive_restart(unimq_server, tmp_path) -> 
     c.close()
     assert s1.stop(signal.SIGTERM) == 0
 
-    s2 = unimq_server("--config", str(cfg), data_dir=data)
-    c = pika.BlockingConnection(_params(s2))
-    ch = c.channel()
+    s2 = unimq_server("--config", cfg, data_dir=data)
+    c, ch = _connect(s2)
     assert ch.queue_declare("jobs", passive=True).method.message_count == 3
     assert ch.queue_declare("purged", passive=True).method.message_count == 1
     got = []
@@ -132,12 +141,8 @@ def test_out_of_order_acks_and_purge_survive_restart(unimq_server, tmp_path) -> 
 def test_unacked_lease_is_renewed_and_not_redelivered(unimq_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A message held unacked for long is neither redelivered to others nor lost (the door holds it
     itself; ``amqp_lease_ms``, kept so old configs load, no longer limits it)."""
-    cfg = tmp_path / "unimq.toml"
-    cfg.write_text("amqp_lease_ms = 1000\n[store]\ncommitlog_segment_size = 67108864\n"
-                   "disk_refuse_free_ratio = 0.0\ndisk_min_free_ratio = 0.0\n")
-    s = unimq_server("--config", str(cfg))
-    c = pika.BlockingConnection(_params(s))
-    ch = c.channel()
+    s = unimq_server("--config", _config(tmp_path, "amqp_lease_ms = 1000\n" + SMALL_STORE))
+    c, ch = _connect(s)
     ch.queue_declare("held")
     ch.basic_publish("", "held", b"slow job")
     m, _, body = ch.basic_get("held")
@@ -156,10 +161,8 @@ def test_unacked_lease_is_renewed_and_not_redelivered(unimq_server, tmp_path) ->
 
 def test_connection_blocked_when_disk_low(unimq_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Under [store] disk_refuse_free_ratio the door tells publishers Connection.Blocked."""
-    cfg = tmp_path / "unimq.toml"
-    cfg.write_text("[store]\ndisk_refuse_free_ratio = 0.999999\ndisk_min_free_ratio = 0.999999\n"
-                   "commitlog_segment_size = 67108864\n")
-    s = unimq_server("--config", str(cfg))
+    s = unimq_server("--config", _config(tmp_path, "[store]\ndisk_refuse_free_ratio = 0.999999\n"
+                                               "disk_min_free_ratio = 0.999999\ncommitlog_segment_size = 67108864\n"))
     c = pika.BlockingConnection(_params(s))
     blocked = []
     c.add_on_connection_blocked_callback(lambda conn, frame: blocked.append(frame.method.reason))
