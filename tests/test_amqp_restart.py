@@ -38,12 +38,18 @@ def _connect(server) -> tuple[pika.BlockingConnection, BlockingChannel]:  # type
     return c, c.channel()
 
 
-def test_durable_state_and_persistent_messages_survive_restart(unimq_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    data = tmp_path / "data"
-    cfg = _config(tmp_path)
-    s1 = unimq_server("--config", cfg, data_dir=data)
-    c, ch = _connect(s1)
+def _first_run(unimq_server, tmp_path):  # type: ignore[no-untyped-def]
+    """A server on a fresh data dir, a channel in confirm mode on it, and ``restart()``: a
+    server started again on the same data dir and config."""
+    data, cfg = tmp_path / "data", _config(tmp_path)
+    server = unimq_server("--config", cfg, data_dir=data)
+    c, ch = _connect(server)
     ch.confirm_delivery()
+    return server, c, ch, lambda: unimq_server("--config", cfg, data_dir=data)
+
+
+def test_durable_state_and_persistent_messages_survive_restart(unimq_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    s1, c, ch, restart = _first_run(unimq_server, tmp_path)
     ch.exchange_declare("orders", "topic", durable=True)
     ch.exchange_declare("audit", "fanout", durable=True)
     ch.exchange_bind(destination="audit", source="orders", routing_key="#")
@@ -60,7 +66,7 @@ def test_durable_state_and_persistent_messages_survive_restart(unimq_server, tmp
     c.close()  # closing requeues it
     assert s1.stop(signal.SIGTERM) == 0
 
-    s2 = unimq_server("--config", cfg, data_dir=data)
+    s2 = restart()
     c, ch = _connect(s2)
     assert ch.queue_declare("orders.eu", passive=True).method.message_count == 3
     assert ch.queue_declare("audit.log", passive=True).method.message_count == 3
@@ -97,11 +103,7 @@ def test_durable_state_and_persistent_messages_survive_restart(unimq_server, tmp
 
 def test_out_of_order_acks_and_purge_survive_restart(unimq_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A durable queue's cursor: acked messages never come back, unacked ones do (redelivered)."""
-    data = tmp_path / "data"
-    cfg = _config(tmp_path)
-    s1 = unimq_server("--config", cfg, data_dir=data)
-    c, ch = _connect(s1)
-    ch.confirm_delivery()
+    s1, c, ch, restart = _first_run(unimq_server, tmp_path)
     ch.queue_declare("jobs", durable=True)
     ch.queue_declare("purged", durable=True)
     for i in range(6):
@@ -120,7 +122,7 @@ def test_out_of_order_acks_and_purge_survive_restart(unimq_server, tmp_path) -> 
     c.close()
     assert s1.stop(signal.SIGTERM) == 0
 
-    s2 = unimq_server("--config", cfg, data_dir=data)
+    s2 = restart()
     c, ch = _connect(s2)
     assert ch.queue_declare("jobs", passive=True).method.message_count == 3
     assert ch.queue_declare("purged", passive=True).method.message_count == 1
