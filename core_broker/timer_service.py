@@ -21,7 +21,7 @@ from .deadline_loop import DeadlineLoop
 from .journal import Journal
 from .message_store import MessageStore
 from .model import Message, PutResult
-from .system_queue_scan import unfinished
+from .system_queue import park, unfinished
 from .system_queue_tracker import SystemQueueTracker
 from .system_topics import P_DELIVER_AT, P_REAL_QUEUE, P_REAL_TOPIC, TIMER_TOPIC
 
@@ -66,25 +66,8 @@ class TimerService:
 
     def schedule(self, msg: Message, deliver_at: int) -> PutResult:
         """Store ``msg`` (destined for msg.topic/msg.queue_id) to be dispatched at ``deliver_at``."""
-        props = dict(msg.properties)
-        props[P_REAL_TOPIC] = msg.topic
-        props[P_REAL_QUEUE] = str(msg.queue_id)
-        props[P_DELIVER_AT] = str(deliver_at)
-        timer_msg = Message(
-            TIMER_TOPIC,
-            msg.body,
-            tag=msg.tag,
-            keys=msg.keys,
-            properties=props,
-            message_group=msg.message_group,
-            delivery_time_ms=deliver_at,
-            born_timestamp_ms=msg.born_timestamp_ms,
-            born_host=msg.born_host,
-            protocol=msg.protocol,
-            message_id=msg.message_id,
-            queue_id=0,
-            reconsume_times=msg.reconsume_times,
-        )
+        timer_msg = park(msg, TIMER_TOPIC, {P_DELIVER_AT: str(deliver_at)}, delivery_time_ms=deliver_at,
+                         reconsume_times=msg.reconsume_times)
         r = self.store.put_nowait(timer_msg)
         self._push(deliver_at, r.queue_offset, r.commitlog_offset)
         return r

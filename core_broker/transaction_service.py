@@ -24,7 +24,7 @@ from .errors import UnimqError
 from .journal import Journal
 from .message_store import MessageStore
 from .model import Message, PutResult, StoredMessage
-from .system_queue_scan import unfinished
+from .system_queue import park, unfinished
 from .system_queue_tracker import SystemQueueTracker
 from .system_topics import HALF_TOPIC, P_PRODUCER_GROUP, P_REAL_QUEUE, P_REAL_TOPIC, public_properties
 
@@ -127,24 +127,9 @@ class TransactionService:
     # -- operations ------------------------------------------------------------------
 
     def prepare(self, msg: Message, producer_group: str = "") -> tuple[PutResult, str]:
-        props = dict(msg.properties)
-        props[P_REAL_TOPIC] = msg.topic
-        props[P_REAL_QUEUE] = str(msg.queue_id)
-        if producer_group:
-            props[P_PRODUCER_GROUP] = producer_group
-        half = Message(
-            HALF_TOPIC,
-            msg.body,
-            tag=msg.tag,
-            keys=msg.keys,
-            properties=props,
-            message_group=msg.message_group,
-            born_timestamp_ms=msg.born_timestamp_ms or int(time.time() * 1000),
-            born_host=msg.born_host,
-            protocol=msg.protocol,
-            message_id=msg.message_id,
-            queue_id=0,
-        )
+        extra = {P_PRODUCER_GROUP: producer_group} if producer_group else {}
+        half = park(msg, HALF_TOPIC, extra, born_timestamp_ms=msg.born_timestamp_ms or int(time.time() * 1000))
+        props = half.properties
         r = self.store.put_nowait(half)
         half.properties = props
         tid = self._track(r.queue_offset, r.commitlog_offset, half)
