@@ -159,6 +159,7 @@ class MessageStore:
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
         self._tag_hashes: dict[str, int] = {}
+        self._bare_shapes: dict[tuple[str, str], tuple[bytes, int, int, Callable[..., bytes]]] = {}
         self._idx_pending: list[tuple[str, int, int]] = []  # (key, phys, ts) of a batch's unwritten records
         self.store_id = ""
         self._id_prefix = ""
@@ -338,6 +339,19 @@ class MessageStore:
             self._cqs[key] = cq
         return cq
 
+    def _bare_shape(self, topic: str, proto: str) -> tuple[bytes, int, int, Callable[..., bytes]]:
+        """(topic + protocol bytes, their lengths, header pack) of bare records of a topic/protocol.
+
+        Cached for the single put path (encoding two strings and concatenating them cost
+        more than the lookup); bounded, since topics are the clients'.
+        """
+        tb, pb = topic.encode(), proto.encode()
+        shape = (tb + pb, len(tb), len(pb), _bare_head(len(tb) + len(pb)))
+        if len(self._bare_shapes) >= 4096:
+            self._bare_shapes.clear()
+        self._bare_shapes[(topic, proto)] = shape
+        return shape
+
     def _tag_hash(self, tag: str | None) -> int:
         if not tag:
             return 0
@@ -381,19 +395,23 @@ class MessageStore:
         cl = self.commitlog
         if not (msg.extra_dispatch or msg.keys or msg.message_id or msg.tag or msg.message_group
                 or msg.properties or msg.born_host):
-            tb = topic.encode()
-            pb = msg.protocol.encode()
-            size = _HEADER_SIZE + len(tb) + len(pb) + len(body)
+            proto = msg.protocol
+            shape = self._bare_shapes.get((topic, proto))
+            if shape is None:
+                shape = self._bare_shape(topic, proto)
+            tp, lt, lp, head_pack = shape
+            bl = len(body)
+            size = _HEADER_SIZE + len(tp) + bl
             pos = cl.write_pos
             if pos + size > cl.limit:  # segment end, or a warm-up claim (see CommitLog.make_room)
                 if size > cl.segment_size:
                     raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
                 pos = cl.make_room(size)
             cur = cl.current
-            tail = _pack_fixed(
-                msg.flags & _NOT_LINK, msg.queue_id, qo, pos, msg.born_timestamp_ms or now, now, msg.delivery_time_ms, -1, 0,
-                msg.reconsume_times, len(tb), 0, 0, 0, 0, len(pb), 0, 0, 0, len(body),
-            ) + tb + pb + body
+            tail = head_pack(
+                msg.flags & _NOT_LINK, msg.queue_id, qo, pos, msg.born_timestamp_ms or now, now, msg.delivery_time_ms, -1,
+                msg.reconsume_times, lt, lp, bl, tp,
+            ) + body
             off = pos - cur.base  # type: ignore[union-attr]
             cur.mm[off : off + size] = _pack_prefix(size, _MAGIC, _crc32c(tail)) + tail  # type: ignore[union-attr]
             cur.dirty = True  # type: ignore[union-attr]
