@@ -31,6 +31,7 @@ import shutil
 import struct
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
@@ -80,7 +81,8 @@ _HEADER_SIZE = record.HEADER_SIZE
 _NOT_LINK = ~record.FLAG_LINK  # a put never stores the link bit (see record.encode)
 _time = time.time
 _get_running_loop = asyncio.get_running_loop
-_future_done = asyncio.Future.done  # the C method: map() calls it without a bound method per future
+_future_done = asyncio.Future.done  # the C methods: map() calls them without a bound method per future
+_future_set_result = asyncio.Future.set_result
 _is_done = operator.methodcaller("done")  # any other loop's futures
 
 
@@ -815,6 +817,11 @@ class MessageStore:
     @staticmethod
     def _settle_puts(futs: list[asyncio.Future], results: list[PutResult], exc: BaseException | None) -> None:
         if exc is None:
+            try:  # every writer still waiting: the common case, without a done() call per future
+                deque(map(_future_set_result, futs, results), 0)
+                return
+            except (TypeError, asyncio.InvalidStateError):  # another loop's futures; a cancelled writer
+                pass
             for fut, r in zip(futs, results):
                 if not fut.done():  # its writer was cancelled after the write
                     fut.set_result(r)

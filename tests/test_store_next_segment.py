@@ -130,3 +130,30 @@ async def test_a_put_async_cancelled_before_its_group_is_written_is_not_stored(s
     assert [m.body for m in read_all(s, "X", 0)] == [b"keep-%d" % i for i in range(5)]
     assert (await s.put_async(Message("X", b"after"))).status == PutStatus.PUT_OK
     assert [m.body for m in read_all(s, "X", 0)][-1] == b"after"
+
+
+async def test_writers_of_a_group_get_their_results_when_one_is_cancelled_after_the_write(stores) -> None:
+    import threading
+
+    s = stores.open(flush=FlushMode.SYNC, commitlog_warmup="off")  # only the gated fdatasync covers puts
+    assert s.put(Message("Y", b"before")).status == PutStatus.PUT_OK
+    gate = threading.Event()
+    real = s._flush._sync_commitlog
+
+    def gated_sync() -> None:
+        gate.wait(30)
+        real()
+
+    s._flush._sync_commitlog = gated_sync
+    futs = [asyncio.ensure_future(s.put_async(Message("Y", b"w-%d" % i))) for i in range(6)]
+    await asyncio.sleep(0)  # queued
+    await asyncio.sleep(0)  # the group is written (end of the previous iteration); the flush is held
+    assert wait_until(lambda: s.commitlog.write_pos > 0 and s.max_offset("Y", 0) == 7)
+    futs[2].cancel()
+    gate.set()
+    results = await asyncio.wait_for(asyncio.gather(*(f for i, f in enumerate(futs) if i != 2)), 30)
+    assert all(r.status == PutStatus.PUT_OK for r in results)
+    assert s._flush.flushed >= max(r.commitlog_offset + r.store_size for r in results)
+    assert futs[2].cancelled()
+    # written before the cancel, so stored: the writer just did not wait for its answer
+    assert [m.body for m in read_all(s, "Y", 0)] == [b"before"] + [b"w-%d" % i for i in range(6)]
