@@ -191,6 +191,7 @@ class RemoteProcessor:
         self.namespace = namespace
         self._unconfirmed: dict[int, list[str]] = {}
         self._acks: dict[tuple, list] = {}  # acks of this event-loop turn, per (ctx, group, topic)
+        self._ack_tasks: set[asyncio.Task] = set()
 
     def __getattr__(self, name: str) -> Any:
         if name not in PROCESSOR_METHODS:
@@ -225,9 +226,13 @@ class RemoteProcessor:
     async def pull(self, *args: Any, **kwargs: Any) -> Any:
         return get_result_from_block(await self._invoke("pull", *args, **kwargs))
 
-    async def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
+    def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> "asyncio.Future[None]":
         """Acks with the same context, group and topic issued in one event-loop turn (a
-        consumer settling a popped batch concurrently) travel as one ``ack_batch`` call."""
+        consumer settling a popped batch concurrently) travel as one ``ack_batch`` call.
+
+        Returns a future rather than being a coroutine: a consumer gathering the acks of a
+        popped batch then costs no task per ack. A handle the batch could not ack is asked
+        again alone, so its future fails with the same typed error a lone ack gets."""
         key = (ctx, group, topic)
         loop = asyncio.get_running_loop()
         batch = self._acks.get(key)
@@ -236,26 +241,42 @@ class RemoteProcessor:
             loop.call_soon(self._flush_acks, key)
         fut = loop.create_future()
         batch.append((receipt_handle, fut))
-        if await fut is not None:  # that handle failed: ask alone for the typed error
-            await self._invoke("ack", ctx, group, topic, receipt_handle)
+        return fut
 
     def _flush_acks(self, key: tuple) -> None:
         batch = self._acks.pop(key, None)
         if batch:
-            asyncio.ensure_future(self._send_acks(key, batch))
+            t = asyncio.ensure_future(self._send_acks(key, batch))
+            self._ack_tasks.add(t)
+            t.add_done_callback(self._ack_tasks.discard)
 
     async def _send_acks(self, key: tuple, batch: list) -> None:
         ctx, group, topic = key
         try:
             codes = await self._invoke("ack_batch", ctx, group, topic, [h for h, _ in batch])
-        except Exception as e:
+        except BaseException as e:
             for _, fut in batch:
                 if not fut.done():
-                    fut.set_exception(e)
+                    fut.set_exception(e if isinstance(e, Exception) else PeerUnavailableError("cancelled"))
+            if not isinstance(e, Exception):
+                raise
             return
-        for (_, fut), code in zip(batch, codes):
-            if not fut.done():
-                fut.set_result(code)
+        failed = []
+        for (h, fut), code in zip(batch, codes):
+            if code is None:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                failed.append((h, fut))
+        for h, fut in failed:  # rare: ask alone for that handle's typed error
+            try:
+                await self._invoke("ack", ctx, group, topic, h)
+            except Exception as e:
+                if not fut.done():
+                    fut.set_exception(e)
+            else:
+                if not fut.done():
+                    fut.set_result(None)
 
     def set_transaction_checker(self, checker: Any) -> None:
         """Poll every gateway for transaction checks and hand them to ``checker``."""
