@@ -16,14 +16,12 @@ PUBLISH packets and of bytes on this process's MQTT connections since start.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from typing import Any
 
-from .session import Outgoing
+from core_broker.deadline_loop import DeadlineLoop
 
-log = logging.getLogger("unimq.mqtt.sys")
+from .session import Outgoing
 
 PREFIX = "$SYS/broker/"
 
@@ -37,31 +35,24 @@ class SysTopics:
         self.version = version
         self.started = time.monotonic()
         self.retained: dict[str, Outgoing] = {}  # topic -> the latest value, for new subscribers
-        self._task: asyncio.Task[None] | None = None
+        self._loop: DeadlineLoop | None = None
         # (time, received, sent) a minute of rounds back, for the per-minute loads
         self._history: list[tuple[float, int, int]] = []
 
     def start(self) -> None:
         if self.interval_s > 0:
             self.publish_once()
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="mqtt-sys")
+            self._loop = DeadlineLoop("mqtt-sys", self._round, self.interval_s, first_delay_s=self.interval_s)
+            self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        if self._loop is not None:
+            await self._loop.stop()
+            self._loop = None
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                self.publish_once()
-            except Exception:  # statistics must never take the door down
-                log.exception("mqtt: $SYS round failed")
+    async def _round(self) -> float:
+        self.publish_once()  # a failure is logged by the loop, which goes on
+        return self.interval_s
 
     def values(self) -> dict[str, str]:
         b = self.broker
