@@ -1386,12 +1386,12 @@ class MQTTBroker:
             self.sessions[cid] = s
         s.expiry = expiry
         s.ctx = RequestContext(protocol="mqtt", client_id=cid, remote_address=conn.peer, principal=pkt.username)
-        if self.acl is not None and (s.username != pkt.username or s.acl_rules is None):
-            s.username = pkt.username  # its rights follow the user name it connects with now
+        if s.username != pkt.username:  # its ACL rights follow the user name it connects with now
+            s.username = pkt.username
             s.acl_rules = None
             s.acl_write.clear()
-            self._routes_changed()  # dispatch plans decided what this session may read
-        s.username = pkt.username
+            if self.acl is not None and s.subs:
+                self._routes_changed()  # dispatch plans decided what this session may read
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
             s.expiry_handle = None
