@@ -1,15 +1,27 @@
 # unimq: two commands for a newcomer.
-#   make run   - create .venv, install unimq into it, run `unimq up` (data in ./unimq-data)
-#   make test  - create .venv, install unimq with its test extras, install the Debian
-#                packages the tests need (when root), run the whole test suite
-#   make bench - install the benchmark peers (RabbitMQ, Mosquitto; as root) and run every
-#                benchmark section (results recorded in bench/RESULTS.md)
+#   make run        - create .venv, install unimq (server dependencies only) into it, run
+#                     `unimq up` (data in ./unimq-data)
+#   make test       - create .venv, install unimq with its test extras, install the Debian
+#                     packages the tests need (when root), run the whole test suite
+# The stories (each installs only what it needs):
+#   make demo       - against a running unimq: simulated MQTT devices, a CloudEvents source
+#                     and an AMQP shop (`unimq demo`)
+#   make spark-demo - the Spark job that analyses what the demo sent (installs PySpark, Java)
+#   make bench      - install the benchmark peers (RabbitMQ, Mosquitto; as root) and run every
+#                     benchmark section (results recorded in bench/RESULTS.md)
 
 SHELL        := /bin/bash
 PYTHON       ?= python3
 VENV         ?= .venv
 BIN          := $(VENV)/bin
-STAMP        := $(VENV)/.installed
+# One stamp per set of extras: each is reinstalled only when pyproject.toml changed (the install
+# is editable, so code changes need no reinstall).
+STAMP        := $(VENV)/.installed-server
+STAMP_TEST   := $(VENV)/.installed-test
+STAMP_DEMO   := $(VENV)/.installed-demo
+STAMP_SPARK  := $(VENV)/.installed-spark
+DEMO_ARGS    ?= --seconds 30
+SPARK_ARGS   ?= --endpoint http://127.0.0.1:8080 --topics factory,events,orders --available-now
 DATA_DIR     ?= ./unimq-data
 UNIMQ_ARGS   ?=
 PYTEST_ARGS  ?=
@@ -20,7 +32,7 @@ APT_PACKAGES ?= mosquitto mosquitto-clients curl
 # no `java` is on PATH (any existing JDK/JRE 17 or 21 is used as is).
 JAVA_PACKAGE ?= openjdk-17-jre-headless
 
-.PHONY: run test bench install apt-deps clean-venv
+.PHONY: run test demo spark-demo bench install apt-deps java-deps clean-venv
 
 # The virtualenv. On a bare Debian `python3 -m venv` fails until python3-venv is
 # installed, so as root we install it and retry.
@@ -35,11 +47,27 @@ $(BIN)/python:
 	  fi; \
 	fi
 
-# Reinstall only when pyproject.toml changed (the install is editable, so code
-# changes need no reinstall).
+# pip runs without --quiet so a first install shows what it is doing (it takes about a minute
+# for the server, several for the test and Spark extras: PySpark alone is ~500 MB).
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@echo "make: installing unimq and its server dependencies into $(VENV) (first time only)"
+	$(BIN)/python -m pip install --progress-bar on -e .
 	@touch $@
+
+$(STAMP_DEMO): pyproject.toml | $(BIN)/python
+	@echo "make: installing the demo's client libraries into $(VENV) (first time only)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[demo]'
+	@touch $@ $(STAMP)
+
+$(STAMP_SPARK): pyproject.toml | $(BIN)/python
+	@echo "make: installing PySpark and the Spark extra into $(VENV) (first time only, ~700 MB)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[spark]'
+	@touch $@ $(STAMP) $(STAMP_DEMO)
+
+$(STAMP_TEST): pyproject.toml | $(BIN)/python
+	@echo "make: installing unimq with its test extras into $(VENV) (first time only, ~1.1 GB)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
+	@touch $@ $(STAMP) $(STAMP_DEMO) $(STAMP_SPARK)
 
 install: $(STAMP)
 
@@ -48,7 +76,7 @@ apt-deps:
 	for p in $(APT_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
 	done; \
-	command -v java >/dev/null || missing="$$missing $(JAVA_PACKAGE)"; \
+	[ -z "$(NEED_JAVA)" ] || command -v java >/dev/null || missing="$$missing $(JAVA_PACKAGE)"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "make: apt-get install$$missing"; \
@@ -62,15 +90,26 @@ apt-deps:
 run: $(STAMP)
 	$(BIN)/unimq up --data-dir $(DATA_DIR) $(UNIMQ_ARGS)
 
-test: $(STAMP) apt-deps
+test: $(STAMP_TEST)
+	@$(MAKE) --no-print-directory apt-deps NEED_JAVA=1
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Against a running unimq (`make run` in another terminal).
+demo: $(STAMP_DEMO)
+	$(BIN)/unimq demo $(DEMO_ARGS)
+
+java-deps:
+	@$(MAKE) --no-print-directory apt-deps APT_PACKAGES= NEED_JAVA=1
+
+spark-demo: $(STAMP_SPARK) java-deps
+	$(BIN)/python -m spark_ingest.jobs.stats $(SPARK_ARGS)
 
 # The peers the benchmarks compare with: Mosquitto and RabbitMQ (amqtt comes with the test extra).
 BENCH_APT_PACKAGES ?= mosquitto rabbitmq-server
 BENCH_ARGS ?=
 
-bench: $(STAMP)
-	@$(MAKE) --no-print-directory apt-deps APT_PACKAGES="$(APT_PACKAGES) $(BENCH_APT_PACKAGES)"
+bench: $(STAMP_TEST)
+	@$(MAKE) --no-print-directory apt-deps NEED_JAVA=1 APT_PACKAGES="$(APT_PACKAGES) $(BENCH_APT_PACKAGES)"
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean-venv:
