@@ -31,6 +31,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
+from gateway.naming import P_MQTT_TOPIC
+
 MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 #: Whether Arrow pages check each record's CRC. Off: a Python-level call per record was 40% of
 #: the page's cost (profiled), and RocketMQ's read path does not check CRCs either (only
@@ -40,7 +42,7 @@ MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 #: CRCs and leaves a corrupt record out (the reader then reports the gap).
 VERIFY_CRC = False
 RESERVED_PREFIX = "__"  # core_broker.system_topics.RESERVED_PREFIX: never shown to readers
-MQTT_TOPIC_KEY = "mqtt_topic"
+MQTT_TOPIC_KEY = P_MQTT_TOPIC  # the promoted column has the property's name
 CE_COLUMNS = ("ce_type", "ce_source", "ce_subject")
 
 _TS = pa.timestamp("us", tz="UTC")

@@ -52,6 +52,7 @@ from dateutil.parser import isoparse
 
 from core_broker.errors import BadRequestError
 from core_broker.model import Message
+from gateway.naming import P_MQTT_TOPIC
 
 __all__ = [
     "CE_BATCH_CONTENT_TYPE",
@@ -82,7 +83,7 @@ _TEXT_CT = re.compile(r"^(text/|application/(xml|[a-zA-Z0-9\-.]+\+xml|x-www-form
 
 # Where other doors put what the CloudEvent of their messages needs. Several
 # spellings are accepted so the mapping does not depend on one door's choice.
-MQTT_TOPIC_PROPS = ("mqtt_topic", "mqtt.topic", "MQTT_TOPIC")
+MQTT_TOPIC_PROPS = (P_MQTT_TOPIC, "mqtt.topic", "MQTT_TOPIC")
 MQTT_CLIENT_PROPS = ("mqtt_client_id", "mqtt.client_id", "client_id")
 AMQP_EXCHANGE_PROPS = ("amqp_exchange", "amqp.exchange", "exchange")
 AMQP_ROUTING_KEY_PROPS = ("amqp_routing_key", "amqp.routing_key", "routing_key")

@@ -3,7 +3,7 @@
 How MQTT maps onto the one model (see also README, "MQTT door"):
 
 - A PUBLISH to ``a/b/c`` becomes one stored message in unified topic ``a``
-  (``topics.unified_topic``) with ``protocol = "mqtt"``, the full MQTT topic in
+  (``gateway.naming``) with ``protocol = "mqtt"``, the full MQTT topic in
   property ``mqtt_topic``, the QoS in ``mqtt_qos``, v5 user properties as plain
   properties and the other v5 properties as ``mqtt_*`` properties. Any
   processor pop or pull of topic ``a`` reads it, body and properties intact.
@@ -49,6 +49,7 @@ from typing import Any, Coroutine
 from core_broker.errors import MessageTooLargeError, StoreFullError, TopicNotFoundError, UnimqError
 from core_broker.model import DispatchTarget, Message
 from gateway.context import RequestContext
+from gateway.naming import P_MQTT_QOS, P_MQTT_TOPIC
 
 from . import codec as C
 from .codec import Decoder, MQTTProtocolError, encode, encode_properties, encode_publish
@@ -74,8 +75,8 @@ SHARE_LMQ_PREFIX = "%LMQ%mqtt-share/"
 MEM_ENTRY_OVERHEAD = 256
 
 # message properties this door writes (everything else is a user property)
-P_TOPIC = "mqtt_topic"
-P_QOS = "mqtt_qos"
+P_TOPIC = P_MQTT_TOPIC
+P_QOS = P_MQTT_QOS
 P_RETAIN = "mqtt_retain"
 P_EXPIRY_AT = "mqtt_expiry_at"
 P_CONTENT_TYPE = "mqtt_content_type"

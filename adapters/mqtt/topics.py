@@ -8,9 +8,8 @@ levels and wildcards allow, independent of how many filters exist elsewhere.
 The ``$``-topic rule (MQTT 4.7.2: a filter starting with a wildcard does not
 match a topic starting with ``$``) is applied at the root.
 
-The one-model mapping lives here too: MQTT topic ``a/b/c`` is stored in the
-unified topic ``a`` (its first level), the full topic travelling in the
-``mqtt_topic`` property.
+The one-model mapping (MQTT topic ``a/b/c`` stored in unified topic ``a``, the
+full topic in a property) is ``gateway.naming``'s, shared with the other doors.
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import re
 from typing import Any, Iterator
+
+from gateway.naming import MQTT_OTHER_TOPIC, unified_topic_of_mqtt
 
 from .codec import RC_TOPIC_FILTER_INVALID, MQTTProtocolError
 
@@ -30,24 +31,10 @@ __all__ = [
     "lmq_safe",
 ]
 
-# A unified topic name must be 1..255 chars without control characters and must
-# not start with '%' (the broker's system topics). First levels that cannot be a
-# topic name are stored under this one.
-OTHER_TOPIC = "mqtt-other"
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def unified_topic(mqtt_topic: str) -> str:
-    """The unified topic an MQTT topic is stored in: its first level (``a/b/c`` -> ``a``).
-
-    A first level that is empty (``/a``), starts with ``%`` (reserved for the
-    broker), is longer than 255 characters or holds control characters maps
-    to ``mqtt-other``; the full MQTT topic is always in the ``mqtt_topic`` property.
-    """
-    first = mqtt_topic.split("/", 1)[0]
-    if not first or first[0] == "%" or len(first) > 255 or _CONTROL.search(first):
-        return OTHER_TOPIC
-    return first
+# The one-model mapping is gateway.naming's (every door and Spark share it); kept under
+# these names for the door's callers.
+OTHER_TOPIC = MQTT_OTHER_TOPIC
+unified_topic = unified_topic_of_mqtt
 
 
 def validate_filter(f: str) -> None:
