@@ -133,6 +133,9 @@ class UnimqSettings:
     mqtt_max_packet_size: int | None = None
     # Impose this keepalive on MQTT 5 clients (Server Keep Alive); 0 accepts theirs.
     mqtt_server_keepalive: int = 0
+    # Cap on MQTT clients' keepalive (Mosquitto's max_keepalive): more, or 0, gets the cap
+    # (v5: as Server Keep Alive); less keeps its own. 0: no cap.
+    mqtt_max_keepalive: int = 0
     # Cap on an MQTT 5 session expiry interval, seconds (4294967295: never expires).
     mqtt_max_session_expiry: int = 4294967295
     # Bytes of just-stored QoS 1/2 messages the MQTT door keeps in memory for sessions that

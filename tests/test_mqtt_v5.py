@@ -296,3 +296,71 @@ def test_will_delay_and_will_properties_raw(port: int) -> None:
     assert (m.topic, m.payload) == ("wd/asked", b"by request")
     watcher.nothing(0.5)
     watcher.disconnect()
+
+
+def test_receive_maximum_enforced_for_publishes_written_in_one_send_raw(port: int) -> None:
+    raw = RawClient(port, C.MQTT_5)
+    ack = raw.connect("recvmax-in")
+    limit = ack.properties["receive_maximum"]
+    # one more unacknowledged QoS 2 PUBLISH than allowed, all in one write
+    data = b"".join(C.encode(C.Publish("rmi/x", b"%d" % i, 2, packet_id=i + 1, properties={}), C.MQTT_5)
+                    for i in range(limit + 1))
+    raw.send(data)
+    got = raw.closed_by_server()
+    assert isinstance(got[-1], C.Disconnect) and got[-1].reason_code == C.RC_RECEIVE_MAX_EXCEEDED, got[-3:]
+    assert sum(isinstance(p, C.PubRec) for p in got) <= limit  # no PUBREC past the limit
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """A server with a small Receive Maximum and a keepalive cap (Mosquitto's max_keepalive)."""
+    cfg = config_file(tmp_path_factory.mktemp("cfg-capped"), "mqtt_receive_maximum = 10\nmqtt_max_keepalive = 3\n")
+    srv = start_unimq(tmp_path_factory, "--config", cfg)
+    yield srv.ports["mqtt"]
+    srv.stop()
+
+
+def test_receive_maximum_counts_the_publishes_of_one_read_raw(capped: int) -> None:
+    raw = RawClient(capped, C.MQTT_5)
+    ack = raw.connect("recvmax-batch")
+    limit = ack.properties["receive_maximum"]
+    assert limit == 10
+    # eleven unacknowledged QoS 2 PUBLISHes in one write: the server reads them in one batch
+    raw.send(b"".join(C.encode(C.Publish("rmb/x", b"%d" % i, 2, packet_id=i + 1), C.MQTT_5)
+                      for i in range(limit + 1)))
+    got = raw.closed_by_server()
+    assert isinstance(got[-1], C.Disconnect) and got[-1].reason_code == C.RC_RECEIVE_MAX_EXCEEDED, got[-3:]
+    assert [p.packet_id for p in got if isinstance(p, C.PubRec)] == list(range(1, limit + 1))
+
+
+def _silent_with_will(port: int, keepalive: int, topic: str) -> Paho:
+    """A paho v5 client with a will that goes silent (its network loop stops, the socket stays open)."""
+    c = Paho(port, v5=True, keepalive=keepalive, will=(topic, b"gone", 1, False))
+    c.c.loop_stop()
+    return c
+
+
+def test_keepalive_cap_holds_a_long_keepalive_to_it_paho(capped: int) -> None:
+    watcher = Paho(capped, v5=True)
+    watcher.subscribe("kacap/#", options=opts(1))
+    c = _silent_with_will(capped, 600, "kacap/long")
+    flags, rc, props = c.connack[-1]
+    assert props.ServerKeepAlive == 3  # asked for 600, capped
+    assert watcher.get(timeout=15).topic == "kacap/long"  # dropped after 1.5 x 3 s of silence
+    # a 3.1.1 client asking for no keepalive at all is held to the cap too (no way to tell it)
+    raw = RawClient(capped)
+    raw.connect("kacap-zero", keepalive=0, will=C.Will("kacap/zero", b"gone", 1, False))
+    assert watcher.get(timeout=15).topic == "kacap/zero"
+    raw.close()
+    watcher.disconnect()
+
+
+def test_keepalive_below_the_cap_is_the_clients_own_paho(capped: int) -> None:
+    watcher = Paho(capped, v5=True)
+    watcher.subscribe("kaown/#", options=opts(1))
+    c = _silent_with_will(capped, 1, "kaown/short")
+    flags, rc, props = c.connack[-1]
+    assert not hasattr(props, "ServerKeepAlive")  # its own 1 s stands
+    m = watcher.get(timeout=15)
+    assert (m.topic, m.payload) == ("kaown/short", b"gone")
+    watcher.disconnect()

@@ -109,6 +109,10 @@ class MQTTConfig:
     max_packet_size: int = 4 * 1024 * 1024 + 65536
     # 0: accept the client's keepalive; else impose this (v5 Server Keep Alive).
     server_keepalive: int = 0
+    # Mosquitto's max_keepalive: a cap, not an override. A client asking for more (or for 0,
+    # no keepalive) is held to this (v5: told so as Server Keep Alive); one asking for less
+    # keeps its own. 0: no cap.
+    max_keepalive: int = 0
     # Upper bound for a v5 session expiry interval (seconds).
     max_session_expiry: int = SESSION_NEVER_EXPIRES
     # Bytes waiting in a client's socket buffer past which QoS 0 messages to it are dropped.
@@ -121,6 +125,21 @@ class MQTTConfig:
     mem_queue_bytes: int = 256 * 1024 * 1024
     # Seconds between two rounds of $SYS/broker/... statistics (see sys_topics.py); 0: none.
     sys_interval_s: float = 10.0
+
+
+def effective_keepalive(requested: int, v5: bool, cfg: MQTTConfig) -> int:
+    """The keepalive (seconds) a connection is held to: 1.5 times it of silence drops it.
+
+    ``server_keepalive`` imposes one value on v5 clients (it has a way to say so);
+    ``max_keepalive`` caps every client's, as Mosquitto's ``max_keepalive`` does (which
+    refuses a 3.1.1 client above the cap instead: here it is held to the cap).
+    """
+    if v5 and cfg.server_keepalive:
+        return cfg.server_keepalive
+    cap = cfg.max_keepalive
+    if cap and (requested == 0 or requested > cap):
+        return cap
+    return requested
 
 
 def _now_ms() -> int:
@@ -1418,8 +1437,8 @@ class MQTTBroker:
             cprops["wildcard_subscription_available"] = 1
             cprops["subscription_identifier_available"] = 1
             cprops["shared_subscription_available"] = 1
-            if cfg.server_keepalive:
-                cprops["server_keep_alive"] = cfg.server_keepalive
+            if cfg.server_keepalive or conn.keepalive != pkt.keepalive:
+                cprops["server_keep_alive"] = conn.keepalive
         conn.send(encode(C.Connack(present, 0, cprops), pkt.protocol_level))
         self.connections.add(conn)
         if s.persistent:
@@ -1741,10 +1760,8 @@ class Connection:
         self.connected = True
         self.will = pkt.will
         props = pkt.properties
-        ka = pkt.keepalive
+        ka = effective_keepalive(pkt.keepalive, pkt.protocol_level == C.MQTT_5, cfg)
         if pkt.protocol_level == C.MQTT_5:
-            if cfg.server_keepalive:
-                ka = cfg.server_keepalive
             self.window = min(cfg.max_inflight, props.get("receive_maximum", 65535))
             self.alias_out_max = min(props.get("topic_alias_maximum", 0), 65535)
             self.max_out_packet = props.get("maximum_packet_size", 0)
@@ -1927,6 +1944,11 @@ class Connection:
         broker.pub_in += len(batch)
         acl = broker.acl
         denied: list[bool] | None = None  # per item, once the ACL file refused one
+        # Every per-packet rule is judged per packet, as if each had arrived alone: the QoS 2
+        # ids this batch adds count against Receive Maximum, and a packet that breaks a rule
+        # ends the batch there (the ones before it are stored and acknowledged, then the error).
+        q2_new: set[int] = set()
+        err: MQTTProtocolError | None = None
         for p in batch:
             props = p.properties
             if props is not None:  # v5 only
@@ -1934,13 +1956,15 @@ class Connection:
                 if "topic_alias" in props:
                     alias = props["topic_alias"]
                     if alias > cfg.topic_alias_maximum:
-                        raise MQTTProtocolError(C.RC_TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
+                        err = MQTTProtocolError(C.RC_TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
+                        break
                     if topic:
                         self.alias_in[alias] = topic
                     else:
                         topic = self.alias_in.get(alias)  # type: ignore[assignment]
                         if topic is None:
-                            raise MQTTProtocolError(C.RC_PROTOCOL_ERROR, f"unknown topic alias {alias}")
+                            err = MQTTProtocolError(C.RC_PROTOCOL_ERROR, f"unknown topic alias {alias}")
+                            break
                         p.topic = topic  # resolved from a topic alias
                 if v5 and props.get("payload_format_indicator") == 1:
                     try:
@@ -1951,11 +1975,16 @@ class Connection:
                                              C.PubRec(p.packet_id, C.RC_PAYLOAD_FORMAT_INVALID), self.version))
                         continue
             if p.qos == 2:
-                if p.packet_id in s.qos2_in:
-                    self.send(encode(C.PubRec(p.packet_id), self.version))  # duplicate: stored already
+                pid = p.packet_id
+                if pid in s.qos2_in:
+                    self.send(encode(C.PubRec(pid), self.version))  # duplicate: stored already
                     continue
-                if len(s.qos2_in) >= cfg.receive_maximum and v5:
-                    raise MQTTProtocolError(C.RC_RECEIVE_MAX_EXCEEDED, "receive maximum exceeded")
+                if pid in q2_new:
+                    continue  # resent within this batch: the first one's PUBREC answers both
+                if v5 and len(s.qos2_in) + len(q2_new) >= cfg.receive_maximum:
+                    err = MQTTProtocolError(C.RC_RECEIVE_MAX_EXCEEDED, "receive maximum exceeded")
+                    break
+                q2_new.add(pid)
             if acl is not None and not broker.can_write(s, p.topic):
                 if denied is None:
                     denied = [False] * len(items)
@@ -1963,8 +1992,17 @@ class Connection:
             elif denied is not None:
                 denied.append(False)
             items.append(p)
-        if not items:
-            return
+        if items:
+            await self._store_and_ack(items, denied)
+        if err is not None:
+            raise err
+
+    async def _store_and_ack(self, items: list[C.Publish], denied: list[bool] | None) -> None:
+        """Store a batch of accepted PUBLISHes and send their PUBACKs / PUBRECs in one write."""
+        s = self.session
+        assert s is not None
+        broker = self.broker
+        v5 = self.version == C.MQTT_5
         if denied is None:
             codes = await broker.publish(s.ctx, s.client_id, items)
         else:  # refused by the ACL file: 0x87 for v5; 3.1.1 has no code, the message is dropped

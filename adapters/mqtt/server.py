@@ -62,7 +62,7 @@ def door_config(settings: Any) -> MQTTConfig:
     """The MQTT door's knobs from unimq's settings (``mqtt_*`` keys)."""
     cfg = MQTTConfig()
     for name in ("allow_anonymous", "users", "password_file", "acl_file", "max_inflight", "receive_maximum", "topic_alias_maximum",
-                 "max_packet_size", "server_keepalive", "max_session_expiry", "mem_queue_bytes", "sys_interval_s"):
+                 "max_packet_size", "server_keepalive", "max_keepalive", "max_session_expiry", "mem_queue_bytes", "sys_interval_s"):
         value = getattr(settings, "mqtt_" + name, None)
         if value is not None:
             setattr(cfg, name, value)
