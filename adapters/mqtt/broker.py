@@ -49,6 +49,7 @@ from typing import Any, Coroutine
 from core_broker.errors import MessageTooLargeError, StoreFullError, TopicNotFoundError, UnimqError
 from core_broker.model import DispatchTarget, Message
 from gateway.context import RequestContext
+from gateway.lmq_reader import LaneRuns, MemoryBudget, commit_floor, committed_floor, pull_lane
 from gateway.naming import P_MQTT_QOS, P_MQTT_TOPIC
 
 from . import codec as C
@@ -304,7 +305,7 @@ class MQTTBroker:
         self._dirty_sessions: set[Session] = set()
         self._dirty_wake = asyncio.Event()  # set when _dirty_sessions stops being empty
         self.stats = {"qos0_dropped": 0}
-        self.mem_used = 0  # bytes held by every cursor's in-memory queue (see _mem_push)
+        self.mem = MemoryBudget(self.config.mem_queue_bytes)  # every cursor's in-memory window (_mem_push)
         # counters for $SYS (sys_topics.py): PUBLISH packets and bytes in and out since start
         self.pub_in = self.pub_out = self.bytes_in = self.bytes_out = 0
         self.sys = SysTopics(self, self.config.sys_interval_s, _version())
@@ -399,7 +400,7 @@ class MQTTBroker:
                     brokers.update(await self._route_brokers(sub.lmq))
                     for b in sorted(brokers):
                         key = (sub.lmq, b)
-                        s.cursors[key] = Cursor(await self._committed(sub.lmq, b), must_pull=True, broker=b)
+                        s.cursors[key] = Cursor(b, await self._committed(sub.lmq, b), must_pull=True)
                         s.pending[key] = 1
             self._arm_expiry(s)
         if self.sessions:
@@ -414,14 +415,7 @@ class MQTTBroker:
     async def _committed(self, lmq: str, broker: str) -> int:
         """A lane's committed offset (or the start of its part of the LMQ) on its broker."""
         try:
-            await self.processor.host_lmq(self.ctx, lmq, broker)
-            off = await self.processor.get_offset(self.ctx, OFFSET_GROUP, lmq, 0, broker=broker)
-        except UnimqError:
-            return 0
-        if off is not None:
-            return off
-        try:
-            return await self.processor.query_offset(self.ctx, lmq, 0, "begin", broker=broker)
+            return await committed_floor(self.processor, self.ctx, OFFSET_GROUP, lmq, broker)
         except UnimqError:
             return 0
 
@@ -447,12 +441,8 @@ class MQTTBroker:
                 cur = s.cursors.get(key)
                 if cur is None:
                     continue
-                floor = cur.floor()
-                if floor == cur.committed:
-                    continue
                 try:
-                    await self.processor.commit_offset(self.ctx, OFFSET_GROUP, key[0], 0, floor, broker=cur.broker)
-                    cur.committed = floor
+                    await commit_floor(self.processor, self.ctx, OFFSET_GROUP, key[0], cur)
                 except TopicNotFoundError:
                     pass
 
@@ -976,11 +966,11 @@ class MQTTBroker:
             if others and lmq not in s.runs:
                 # a second lane: from now on the order across lanes is recorded (see Session.runs);
                 # what the first lane holds unread came before
-                runs = s.runs[lmq] = deque()
+                runs = s.runs[lmq] = LaneRuns()
                 for c in others:
-                    if c.known_end > c.read:
-                        runs.append([c.broker, c.known_end - c.read])
-            cur = s.cursors[key] = Cursor(0, broker=broker)  # type: ignore[index]
+                    if c.end > c.read:
+                        runs.note(c.broker, c.end - c.read)
+            cur = s.cursors[key] = Cursor(broker)  # type: ignore[index]
             if s.persistent:  # the lane list is part of the saved session (read back after a restart)
                 self.spawn(self._save_session(s))
         return cur
@@ -1001,10 +991,10 @@ class MQTTBroker:
             cur = self._lane(s, sub, broker)
             if cur is None:
                 return
-        if offset >= cur.known_end:
-            cur.known_end = offset + 1
+        if offset >= cur.end:
+            cur.end = offset + 1
         conn = s.conn
-        mem = cur.mem
+        mem = cur.window
         runs = s.runs.get(key[0]) if s.runs else None  # type: ignore[arg-type]
         if (conn is not None and not mem and cur.read == offset and not cur.must_pull and not s.pumping
                 and conn.writable and s.outstanding() < conn.window and not conn.closed and not runs):
@@ -1012,10 +1002,7 @@ class MQTTBroker:
             cur.read = offset + 1
             return
         if runs is not None:  # this LMQ has several lanes: remember the order across them
-            if runs and runs[-1][0] == broker:
-                runs[-1][1] += 1
-            else:
-                runs.append([broker, 1])
+            runs.note(broker)
         if conn is None:
             return  # offline: it waits in the store
         if offset > mem[-1][0] if mem else offset >= cur.read:
@@ -1025,42 +1012,33 @@ class MQTTBroker:
         self.wake(s)
 
     def _mem_push(self, cur: Cursor, offset: int, out: Outgoing) -> None:
-        """Keep a just-stored message for a session that is behind, within the byte budget."""
-        n = len(out.payload) + MEM_ENTRY_OVERHEAD
-        if self.mem_used + n > self.config.mem_queue_bytes:
-            return  # it stays in the store only; the pump reads it from there
-        cur.mem.append((offset, out))
-        cur.mem_bytes += n
-        self.mem_used += n
+        """Keep a just-stored message for a session that is behind, within the byte budget
+        (past it, it stays in the store only; the pump reads it from there)."""
+        cur.hold(self.mem, offset, out, len(out.payload) + MEM_ENTRY_OVERHEAD)
 
     def _mem_popleft(self, cur: Cursor) -> tuple[int, Outgoing]:
-        item = cur.mem.popleft()
-        n = len(item[1].payload) + MEM_ENTRY_OVERHEAD
-        cur.mem_bytes -= n
-        self.mem_used -= n
+        item = cur.window.popleft()
+        cur.release(self.mem, len(item[1].payload) + MEM_ENTRY_OVERHEAD)
         return item
 
     def _mem_clear(self, cur: Cursor) -> None:
-        self.mem_used -= cur.mem_bytes
-        cur.mem_bytes = 0
-        cur.mem.clear()
+        cur.clear_window(self.mem)
 
     def _deliver_lmq(self, s: Session, conn: "Connection", sub: Subscription | None, cur: Cursor,
                      lmq: tuple[str, str], off: int, out: Outgoing) -> None:
-        cur.out.append(off)
         s.dirty.add(lmq)
         if not self._dirty_sessions:
             self._dirty_wake.set()
         self._dirty_sessions.add(s)
         if out.expiry_at and out.expired(_now_ms()):
-            cur.ack(off)
+            cur.settle(off)
             return
         q = out.qos if sub is None or sub.qos >= out.qos else sub.qos
         retain = bool(sub is not None and sub.rap and out.retain)
         sids = self._sub_ids(s, out.topic, sub) if sub is not None and s.has_sub_ids else None
         if q == 0:
             conn.deliver(out, 0, retain, sids)
-            cur.ack(off)
+            cur.settle(off)
             return
         pid = s.alloc_pid()
         s.inflight[pid] = Inflight(out, q, lmq, off, None, sids)
@@ -1087,7 +1065,7 @@ class MQTTBroker:
                         s.pending.pop(lmq, None)
                         continue
                     sub = self._sub_of_lmq(s, lmq[0])
-                    mem = cur.mem
+                    mem = cur.window
                     runs = s.runs.get(lmq[0]) if s.runs else None
                     limit = room
                     if runs:
@@ -1113,43 +1091,39 @@ class MQTTBroker:
                             self._deliver_lmq(s, conn, sub, cur, lmq, off, out)
                             cur.read = off + 1
                             took += 1
-                        cur.mem_bytes -= freed
-                        self.mem_used -= freed
+                        cur.release(self.mem, freed)
                         room -= took
                         if took or freed:
                             progressed = True
                     if runs:
-                        limit = self._run_taken(runs, cur, start, limit)
+                        runs.taken(cur.broker, cur.read - start)
+                        limit -= cur.read - start
                     if room <= 0:
                         break
-                    if (cur.must_pull or cur.read < cur.known_end) and limit > 0:
+                    if (cur.must_pull or cur.read < cur.end) and limit > 0:
                         want = min(room, limit, 512)
                         if mem and mem[0][0] > cur.read:
                             want = min(want, mem[0][0] - cur.read)  # up to the in-memory part
                         start = cur.read
                         try:
-                            if not cur.hosted:
-                                # in separated mode the lane's broker need not be one the LMQ's route
-                                # names, and a pull there needs the topic known (once per lane)
-                                await self.processor.host_lmq(self.ctx, lmq[0], cur.broker)
-                                cur.hosted = True
-                            r = await self.processor.pull(s.ctx or self.ctx, lmq[0], 0, cur.read, want,
-                                                          broker=cur.broker)
+                            r = await pull_lane(self.processor, lmq[0], cur, cur.read, want, s.ctx or self.ctx,
+                                                self.ctx)
                         except TopicNotFoundError:
                             cur.must_pull = False
-                            cur.known_end = cur.read
+                            cur.end = cur.read
                             s.pending.pop(lmq, None)
                             continue
                         if s.conn is not conn or conn.closed or s.cursors.get(lmq) is not cur:
                             return
                         msgs = r.messages
                         if not msgs and r.next_offset > cur.read:
-                            cur.read = r.next_offset  # retention removed what was never read
+                            cur.skip_to(r.next_offset)  # retention removed what was never read
                             progressed = True
                         for m in msgs:
                             off = m.queue_offset
                             if off < cur.read:
                                 continue
+                            cur.skip_to(off)
                             self._deliver_lmq(s, conn, sub, cur, lmq, off,
                                               outgoing_from_stored(m.properties, m.body, m.topic))
                             cur.read = off + 1
@@ -1160,11 +1134,11 @@ class MQTTBroker:
                             room -= len(msgs)
                         if len(msgs) < want:
                             cur.must_pull = False
-                            if cur.known_end < cur.read:
-                                cur.known_end = cur.read
+                            if cur.end < cur.read:
+                                cur.end = cur.read
                         if runs:
-                            self._run_taken(runs, cur, start, want)
-                    if not mem and not cur.must_pull and cur.read >= cur.known_end:
+                            runs.taken(cur.broker, cur.read - start)
+                    if cur.caught_up():
                         s.pending.pop(lmq, None)
                     if room <= 0:
                         break
@@ -1174,34 +1148,15 @@ class MQTTBroker:
             s.pumping = False
 
     @staticmethod
-    def _run_head(s: Session, lmq: str, runs: Any) -> list[Any] | None:
-        """The oldest run whose lane still has something to read (stale runs are dropped:
-        counts are best effort, e.g. after a reconnect re-reads from the committed floor)."""
-        while runs:
-            head = runs[0]
-            key = (lmq, head[0])
-            c = s.cursors.get(key)
-            if c is None or key not in s.pending or (not c.mem and not c.must_pull and c.read >= c.known_end):
-                runs.popleft()
-                continue
-            return head
-        return None
+    def _run_head(s: Session, lmq: str, runs: LaneRuns[str]) -> list[Any] | None:
+        """The oldest run whose lane still has something to read."""
 
-    @staticmethod
-    def _run_taken(runs: Any, cur: Cursor, start: int, limit: int) -> int:
-        """``cur``'s lane delivered offsets ``start..cur.read``: take them off its oldest runs."""
-        done = cur.read - start
-        left = limit - done
-        for run in runs:
-            if done <= 0:
-                break
-            if run[0] == cur.broker:
-                k = min(done, run[1])
-                run[1] -= k
-                done -= k
-        while runs and runs[0][1] <= 0:
-            runs.popleft()
-        return left
+        def live(broker: str) -> bool:
+            key = (lmq, broker)
+            c = s.cursors.get(key)
+            return c is not None and key in s.pending and not c.caught_up()
+
+        return runs.head(live)
 
     @staticmethod
     def _sub_of_lmq(s: Session, lmq: str) -> Subscription | None:
@@ -1217,7 +1172,7 @@ class MQTTBroker:
         elif f.lmq is not None:
             cur = s.cursors.get(f.lmq)
             if cur is not None:
-                cur.ack(f.offset)
+                cur.settle(f.offset)
                 s.dirty.add(f.lmq)
                 if not self._dirty_sessions:
                     self._dirty_wake.set()

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections import deque
 from typing import Any
+
+from gateway.lmq_reader import LaneRuns, WindowedLane
 
 from .codec import MQTT_311
 
@@ -85,54 +86,10 @@ class Subscription:
         return [self.key(), self.qos, int(self.no_local), int(self.rap), self.rh, self.sub_id, self.lmq]
 
 
-class Cursor:
-    """A session's progress through one lane of an LMQ: next offset to read, offsets in flight.
-
-    Why lanes: in the separated deployment a message's LMQ entry is written by the
-    broker that stores the message, so one subscription's LMQ has a part (its own
-    offsets, from 0) on every broker that took a matching publish. Each part is a
-    lane with its own cursor, read and committed on its broker; merged mode has one.
-    Keyed ``(lmq, broker)`` in ``Session.cursors``.
-    """
-
-    __slots__ = ("read", "out", "done", "committed", "mem", "mem_bytes", "known_end", "must_pull", "broker",
-                 "hosted")
-
-    def __init__(self, read: int, must_pull: bool = False, broker: str = "") -> None:
-        self.broker = broker  # the broker holding this lane
-        self.hosted = False  # the LMQ topic is known to exist on that broker (see MqttBroker._pump)
-        self.read = read  # next offset to hand to the client
-        self.out: deque[int] = deque()  # offsets sent, in order, not yet acknowledged
-        self.done: set[int] = set()  # acknowledged out of order
-        self.committed = read
-        # Messages just stored in this LMQ, kept in memory so a connected session that is
-        # behind need not read them back from the store: ascending offsets at or past
-        # ``read``, bounded by the broker's byte budget. Gaps (what arrived while the
-        # budget was spent) are pulled from the store up to the next entry held here, so
-        # a session that fell far behind goes back to memory as soon as room frees.
-        self.mem: deque[tuple[int, Any]] = deque()
-        self.mem_bytes = 0  # what ``mem`` holds, as counted against the broker's budget
-        self.known_end = read  # one past the highest offset known to be in the LMQ
-        self.must_pull = must_pull  # the store may hold messages beyond what we know of
-
-    def ack(self, offset: int) -> None:
-        out = self.out
-        if out and out[0] == offset:
-            out.popleft()
-            done = self.done
-            while out and out[0] in done:
-                done.discard(out.popleft())
-        else:
-            self.done.add(offset)
-
-    def floor(self) -> int:
-        return self.out[0] if self.out else self.read
-
-    def reset(self) -> None:
-        """Forget what was in flight: read again from the committed floor."""
-        self.read = self.floor()
-        self.out.clear()
-        self.done.clear()
+# A session's progress through one lane of an LMQ (gateway.lmq_reader): next offset to hand
+# to the client, the in-memory window of just-stored messages, the acknowledged floor.
+# Keyed ``(lmq, broker)`` in ``Session.cursors``.
+Cursor = WindowedLane
 
 
 class Inflight:
@@ -180,7 +137,7 @@ class Session:
         # lmq -> runs [broker, how many offsets] of messages waiting in its lanes, oldest first:
         # the order they were stored in across brokers, so a read-back interleaves the lanes
         # the same way. Only for an LMQ with more than one lane (never in merged mode).
-        self.runs: dict[str, deque[list[Any]]] = {}
+        self.runs: dict[str, LaneRuns[str]] = {}
         self.username: str | None = None  # from the last CONNECT: what an ACL file's rules name
         self.acl_rules: list[tuple[int, str]] | None = None  # this client's ACL rules (acl.py), when a file is set
         self.acl_write: dict[str, bool] = {}  # topic -> may publish (cached ACL decisions)
