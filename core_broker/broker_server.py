@@ -35,6 +35,7 @@ REMOTE_METHODS = [
     "describe_topic", "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
     "commit_offset", "get_offset", "query_offset", "query_by_id", "query_by_key", "kv_put", "kv_get",
     "kv_items", "kv_get_versioned", "kv_items_versioned", "poll_transaction_checks", "transaction_check_outcome",
+    "consumer_lag", "store_stats",
 ]
 
 
@@ -238,6 +239,12 @@ class BrokerServer:
 
     def kv_items_versioned(self, namespace):
         return {k: list(v) for k, v in self.controller.kv_items_versioned(namespace).items()}
+
+    def consumer_lag(self) -> list[tuple[str, str, int]]:
+        return self.controller.consumer_lag()
+
+    def store_stats(self) -> dict:
+        return self.controller.store_stats()
 
     # ------------------------------------------------------------------ transaction checks
 

@@ -12,7 +12,7 @@ they run on. Every call that targets data names the broker that owns it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Coroutine, Protocol, Sequence
 
 from core_broker.broker_controller import BrokerController, TopicStats
 from core_broker.errors import BadRequestError
@@ -20,6 +20,10 @@ from core_broker.model import FilterExpression, GetResult, Message, PutResult, S
 from core_broker.pop_service import PoppedMessage
 from core_broker.topic_config import PERM_READ, PERM_WRITE, TopicConfig
 from core_broker.transaction_service import TransactionChecker
+
+
+#: Undecoded queue entries and commitlog bytes for columnar readers (see MessageStore.get_raw).
+RawPage = tuple[bytes, memoryview, int, str, int, int]
 
 
 @dataclass(frozen=True)
@@ -57,53 +61,89 @@ class TopicRoute:
 
 
 class BrokerClient(Protocol):
+    """Everything the processor asks of the brokers; both clients implement all of it.
+
+    Capabilities one shape lacks are still declared, with the answer that shape
+    gives (``route_nowait`` None, ``pull_raw`` unused when ``reads_raw`` is false,
+    ``invalidate``/``host_queue`` doing nothing where nothing is cached or one
+    broker holds everything), so the processor never probes its client.
+    """
+
+    #: Whether :meth:`pull_raw` can answer (only an in-process broker hands out views of its store).
+    reads_raw: bool
+
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
 
+    # -- routes and topics
+    def route_nowait(self, topic: str) -> TopicRoute | None:
+        """The route when it is at hand without a round trip, else None (then :meth:`route`).
+        The same object while the topic is unchanged: callers may cache by its identity."""
+        ...
     async def route(self, topic: str) -> TopicRoute | None: ...
+    def invalidate(self, topic: str) -> None:
+        """Forget what is cached about ``topic`` (it was just created or changed elsewhere)."""
+        ...
     async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig: ...
+    async def host_queue(self, broker: str, name: str) -> None:
+        """Make ``name`` (one queue, id 0) known on ``broker`` so it can be read there."""
+        ...
     async def update_topic(self, tc: TopicConfig) -> TopicConfig: ...
     async def delete_topic(self, name: str) -> None: ...
     async def list_topics(self, include_system: bool = False) -> list[TopicConfig]: ...
     async def describe_topic(self, name: str) -> TopicStats: ...
 
+    # -- produce
     async def send(
         self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
     ) -> list[tuple[PutResult, str | None]]: ...
     async def end_transaction(self, broker: str, transaction_id: str, commit: bool, source: str) -> None: ...
     def set_transaction_checker(self, checker: TransactionChecker | None) -> None: ...
 
+    # -- pop
     async def pop(
         self, broker: str, group: str, topic: str, max_count: int, invisible_ms: int,
         filter_expression: FilterExpression | None, wait_ms: int, from_latest: bool,
     ) -> list[PoppedMessage]: ...
     async def ack(self, broker: str, group: str, receipt_handle: str) -> None: ...
+    async def ack_batch(self, broker: str, group: str, receipt_handles: Sequence[str]) -> list[str | None]:
+        """Per handle None or the error code it failed with; one journal record for all."""
+        ...
     async def change_invisible(
         self, broker: str, group: str, receipt_handle: str, invisible_ms: int
     ) -> tuple[str, int]: ...
     async def forward_to_dlq(self, broker: str, group: str, receipt_handle: str) -> None: ...
 
+    # -- pull
     async def pull(
         self, broker: str, topic: str, queue_id: int, offset: int, max_count: int,
         filter_expression: FilterExpression | None, wait_ms: int,
     ) -> GetResult: ...
+    async def pull_raw(
+        self, broker: str, topic: str, queue_id: int, offset: int, max_count: int
+    ) -> RawPage | None: ...
     async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None: ...
     async def get_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None: ...
     async def query_offset(self, broker: str, topic: str, queue_id: int, policy: str, timestamp_ms: int) -> int: ...
 
+    # -- query
     async def query_by_id(self, message_id: str) -> StoredMessage | None: ...
     async def query_by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[StoredMessage]: ...
 
+    # -- durable door state
     async def kv_put(self, namespace: str, key: str, value: bytes | None) -> None: ...
     async def kv_get(self, namespace: str, key: str) -> bytes | None: ...
     async def kv_items(self, namespace: str) -> dict[str, bytes]: ...
 
+    # -- observability
     async def consumer_lag(self) -> list[tuple[str, str, int]]: ...
     async def store_stats(self) -> dict: ...
 
 
 class LocalBrokerClient:
     """Merged deployment: the broker lives in this process; calls are direct."""
+
+    reads_raw = True
 
     def __init__(self, controller: BrokerController, owns: bool = True) -> None:
         self.broker = controller
@@ -145,6 +185,12 @@ class LocalBrokerClient:
     async def route(self, topic: str) -> TopicRoute | None:
         return self.route_nowait(topic)
 
+    def invalidate(self, topic: str) -> None:
+        return None  # routes follow the topic's config object: nothing goes stale
+
+    async def host_queue(self, broker: str, name: str) -> None:
+        return None  # one broker holds every queue: nothing to add
+
     async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
         return self.broker.create_topic(tc, exist_ok)
 
@@ -163,69 +209,81 @@ class LocalBrokerClient:
     # -- produce
     # The hot pass-throughs below are plain functions returning the controller's
     # coroutine (one coroutine frame less per call); callers await them as before.
-    def send(self, broker, msgs, transactional, producer_group):
+    def send(
+        self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
+    ) -> Coroutine[Any, Any, list[tuple[PutResult, str | None]]]:
         return self._check(broker).send(msgs, transactional=transactional, producer_group=producer_group)
 
-    async def end_transaction(self, broker, transaction_id, commit, source):
+    async def end_transaction(self, broker: str, transaction_id: str, commit: bool, source: str) -> None:
         await self._check(broker).end_transaction(transaction_id, commit, source)
 
-    def set_transaction_checker(self, checker):
+    def set_transaction_checker(self, checker: TransactionChecker | None) -> None:
         self.broker.set_transaction_checker(checker)
 
     # -- pop
-    def pop(self, broker, group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest):
+    def pop(
+        self, broker: str, group: str, topic: str, max_count: int, invisible_ms: int,
+        filter_expression: FilterExpression | None, wait_ms: int, from_latest: bool,
+    ) -> Coroutine[Any, Any, list[PoppedMessage]]:
         return self._check(broker).pop(
             group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest
         )
 
-    def ack(self, broker, group, receipt_handle):
+    def ack(self, broker: str, group: str, receipt_handle: str) -> Coroutine[Any, Any, None]:
         return self._check(broker).ack(group, receipt_handle)
 
-    def ack_batch(self, broker, group, receipt_handles):
+    def ack_batch(
+        self, broker: str, group: str, receipt_handles: Sequence[str]
+    ) -> Coroutine[Any, Any, list[str | None]]:
         return self._check(broker).ack_batch(group, receipt_handles)
 
-    async def change_invisible(self, broker, group, receipt_handle, invisible_ms):
+    async def change_invisible(self, broker: str, group: str, receipt_handle: str, invisible_ms: int) -> tuple[str, int]:
         return await self._check(broker).change_invisible(group, receipt_handle, invisible_ms)
 
-    async def forward_to_dlq(self, broker, group, receipt_handle):
+    async def forward_to_dlq(self, broker: str, group: str, receipt_handle: str) -> None:
         await self._check(broker).forward_to_dlq(group, receipt_handle)
 
     # -- pull
-    async def pull(self, broker, topic, queue_id, offset, max_count, filter_expression, wait_ms):
+    async def pull(
+        self, broker: str, topic: str, queue_id: int, offset: int, max_count: int,
+        filter_expression: FilterExpression | None, wait_ms: int,
+    ) -> GetResult:
         return await self._check(broker).pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)
 
-    async def pull_raw(self, broker, topic, queue_id, offset, max_count):
+    async def pull_raw(self, broker: str, topic: str, queue_id: int, offset: int, max_count: int) -> RawPage | None:
         return self._check(broker).pull_raw(topic, queue_id, offset, max_count)
 
-    async def commit_offset(self, broker, group, topic, queue_id, offset):
+    async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None:
         await self._check(broker).commit_offset(group, topic, queue_id, offset)
 
-    async def get_offset(self, broker, group, topic, queue_id):
+    async def get_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None:
         return self._check(broker).get_offset(group, topic, queue_id)
 
-    async def query_offset(self, broker, topic, queue_id, policy, timestamp_ms):
+    async def query_offset(self, broker: str, topic: str, queue_id: int, policy: str, timestamp_ms: int) -> int:
         return self._check(broker).query_offset(topic, queue_id, policy, timestamp_ms)
 
     # -- query
-    async def query_by_id(self, message_id):
+    async def query_by_id(self, message_id: str) -> StoredMessage | None:
         return self.broker.query_by_id(message_id)
 
-    async def query_by_key(self, topic, key, begin_ms, end_ms, max_count):
+    async def query_by_key(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
+    ) -> list[StoredMessage]:
         return self.broker.query_by_key(topic, key, begin_ms, end_ms, max_count)
 
     # -- durable door state
-    async def kv_put(self, namespace, key, value):
+    async def kv_put(self, namespace: str, key: str, value: bytes | None) -> None:
         await self.broker.kv_put(namespace, key, value)
 
-    async def kv_get(self, namespace, key):
+    async def kv_get(self, namespace: str, key: str) -> bytes | None:
         return self.broker.kv_get(namespace, key)
 
-    async def kv_items(self, namespace):
+    async def kv_items(self, namespace: str) -> dict[str, bytes]:
         return self.broker.kv_items(namespace)
 
     # -- observability
-    async def consumer_lag(self):
+    async def consumer_lag(self) -> list[tuple[str, str, int]]:
         return self.broker.consumer_lag()
 
-    async def store_stats(self):
+    async def store_stats(self) -> dict:
         return self.broker.store_stats()

@@ -6,9 +6,11 @@ groups: ``orders`` becomes ``<ns>%orders`` on the brokers (and the group's
 NamespaceUtil does), and every name in a result is shown back without the
 prefix. The gRPC door passes the client's ``x-mq-namespace`` through here.
 
-Applied to the processor as a decorator, so the processor's methods stay
-written for one namespace; a call without a namespace costs one attribute
-test (the wrapper returns the method's coroutine; callers await it as before).
+Applied to the processor by the class decorator :func:`namespaced_calls`
+where the class is defined, to exactly the calls of the processor API
+(``gateway.api.CALLS``), so the processor's methods stay written for one
+namespace; a call without a namespace costs one attribute test (the wrapper
+returns the method's coroutine; callers await it as before).
 """
 
 from __future__ import annotations
@@ -16,7 +18,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar, overload
+
+from core_broker.broker_controller import TopicStats
+from core_broker.model import GetResult, Message
+from core_broker.pop_service import PoppedMessage
+from core_broker.topic_config import TopicConfig
+
+from .api import CALLS, SendResult
+from .broker_client import TopicRoute
+
+T = TypeVar("T", bound=type)
 
 SEP = "%"
 _SYSTEM_PREFIXES = ("%RETRY%", "%DLQ%")
@@ -36,6 +48,10 @@ def wrap(ns: str, name: str) -> str:
     return ns + SEP + name
 
 
+@overload
+def unwrap(ns: str, name: str) -> str: ...
+@overload
+def unwrap(ns: str, name: None) -> None: ...
 def unwrap(ns: str, name: str | None) -> str | None:
     if not ns or not name:
         return name
@@ -58,14 +74,6 @@ def in_namespace(ns: str, name: str) -> bool:
 
 def unwrap_result(ns: str, obj: Any) -> Any:
     """Show a result's names without the namespace (in place where the object allows)."""
-    from core_broker.broker_controller import TopicStats
-    from core_broker.model import GetResult, Message
-    from core_broker.pop_service import PoppedMessage
-    from core_broker.topic_config import TopicConfig
-
-    from .broker_client import TopicRoute
-    from .processor import SendResult
-
     if obj is None:
         return None
     if isinstance(obj, list):
@@ -121,17 +129,15 @@ def namespaced(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-NAMESPACED_METHODS = (
-    "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
-    "commit_offset", "get_offset", "query_offset", "query_route", "create_topic", "update_topic", "delete_topic",
-    "list_topics", "describe_topic", "query_message_by_id", "query_messages_by_key",
-)
-
-
-def apply(cls: type) -> type:
-    for name in NAMESPACED_METHODS:
-        if hasattr(cls, name):
-            setattr(cls, name, namespaced(getattr(cls, name)))
+def namespaced_calls(cls: T) -> T:
+    """Class decorator: every call of the processor API (``gateway.api.CALLS``) that ``cls``
+    defines sees the caller's namespace only. A class lacking one of the calls is a
+    programming error, reported when the class is defined."""
+    missing = [name for name in CALLS if not callable(getattr(cls, name, None))]
+    if missing:
+        raise TypeError(f"{cls.__name__} lacks the processor API calls {missing}")
+    for name in CALLS:
+        setattr(cls, name, namespaced(getattr(cls, name)))
     return cls
 
 

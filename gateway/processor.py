@@ -14,10 +14,7 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Protocol, Sequence
-
-from crc32c import crc32c
+from typing import Callable, Sequence
 
 from core_broker.broker_controller import TopicStats
 from core_broker.errors import (
@@ -30,127 +27,48 @@ from core_broker.errors import (
 )
 from core_broker.remoting.client import PeerUnavailableError
 from core_broker.filter import compile_filter
-from core_broker.model import DispatchTarget, FilterExpression, GetResult, Message, MessageType, StoredMessage
+from core_broker.model import FilterExpression, GetResult, Message, MessageType, StoredMessage
 from core_broker.pop_service import PoppedMessage
 from core_broker.receipt import InvalidReceiptHandleError, broker_of
 from core_broker.system_topics import RESERVED_PREFIX, dlq_topic, is_lmq, is_system_topic
 from core_broker.topic_config import TopicConfig, validate_topic_name
 from core_broker.transaction_service import TransactionChecker
 
-from .auth import AllowAll, Authorizer
-from .broker_client import BrokerClient, QueueRoute, TopicRoute
+from .api import (
+    ACCEPTED_MESSAGE_TYPES,
+    MessageTypeMismatchError,
+    NoWritableQueueError,
+    ProcessorConfig,
+    RawPage,
+    Router,
+    SendResult,
+)
+from .auth import Action, AllowAll, Authorizer, ForbiddenError, Resource, UnauthorizedError
+from .broker_client import BrokerClient, TopicRoute
 from .context import RequestContext
 from .metrics import Metrics
+from .namespace import namespaced_calls
+from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, PLAIN_KEYS_MAX as _PLAIN_KEYS_MAX, TopicPlan, message_type_of, select_queue
 
+__all__ = [
+    "ACCEPTED_MESSAGE_TYPES", "MessageTypeMismatchError", "MessagingProcessor", "NoWritableQueueError",
+    "ProcessorConfig", "Router", "SendResult", "message_type_of",
+]
 
 log = logging.getLogger("unimq.processor")
 
-# Property names seen on sends that do not start with RESERVED_PREFIX: doors stamp the
-# same few names on every message, and one C-level set check per message is cheaper
-# than testing each name's prefix (a generator per message). Bounded: names are the
-# clients'; past the bound the prefix test just runs every time.
-_PLAIN_KEYS: set[str] = set()
-_PLAIN_KEYS_MAX = 4096
+_tuple_new = tuple.__new__
+_PUB, _SUB, _TOPIC, _GROUP = Action.PUBLISH, Action.SUBSCRIBE, Resource.TOPIC, Resource.GROUP
 
 
-class MessageTypeMismatchError(BadRequestError):
-    code = "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
+@namespaced_calls
+class MessagingProcessor:
+    """The processor API (gateway/api.py :class:`MessagingAPI`) over a broker client.
 
-
-class NoWritableQueueError(UnimqError):
-    code = "FORBIDDEN"
-
-
-@dataclass
-class ProcessorConfig:
-    auto_create_topics: bool = True
-    default_queue_count: int = 8
-    max_message_size: int = 4 * 1024 * 1024
-    max_batch: int = 1024
-
-
-class Router(Protocol):
-    """A door's view of every message sent through any door: the cross-protocol seam.
-
-    ``route`` runs before the message is stored and names the door's own queues
-    it must be multi-dispatched into (an MQTT subscription's LMQ for a message
-    that came in over AMQP on ``amq.topic``, an AMQP queue bound to ``amq.topic``
-    for a message that came in over MQTT, ...). A door returns nothing for the
-    messages it routed itself. ``after_send`` runs once they are stored, for live
-    delivery (waking sessions, QoS 0 fan-out). Both are synchronous and must be cheap.
+    Namespaces are applied to every call of the API by the class decorator
+    (gateway/namespace.py); the methods below are written for one namespace.
     """
 
-    def route(self, message: Message) -> Iterable[DispatchTarget]: ...
-
-    def after_send(self, messages: Sequence[Message], results: Sequence["SendResult"]) -> None: ...
-
-
-class SendResult(NamedTuple):
-    message_id: str
-    topic: str
-    broker: str
-    queue_id: int
-    queue_offset: int
-    transaction_id: str | None
-    # queue offsets the message got in each of its extra_dispatch targets, in order
-    # (doors that multi-dispatch into LMQs use them to hand a fresh message on directly)
-    extra_offsets: tuple[int, ...] = ()
-
-
-# Which message types a topic of each type accepts. Doors without topic types
-# (MQTT, AMQP, HTTP) send NORMAL messages, which typed topics other than
-# TRANSACTION take as well; a transactional message needs a TRANSACTION topic.
-_ACCEPTS = {
-    MessageType.NORMAL: {MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY},
-    MessageType.FIFO: {MessageType.FIFO, MessageType.NORMAL},
-    MessageType.DELAY: {MessageType.DELAY, MessageType.NORMAL},
-    MessageType.TRANSACTION: {MessageType.TRANSACTION},
-}
-#: Public view of the table above (the gRPC door advertises it as a queue's accept_message_types).
-ACCEPTED_MESSAGE_TYPES = _ACCEPTS
-
-
-def message_type_of(msg: Message, transactional: bool) -> MessageType:
-    if transactional:
-        return MessageType.TRANSACTION
-    if msg.message_group:
-        return MessageType.FIFO
-    if msg.delivery_time_ms:
-        return MessageType.DELAY
-    return MessageType.NORMAL
-
-
-_tuple_new = tuple.__new__
-
-
-class _TopicPlan:
-    """One topic of a send call: its route, the message types it takes, and producer
-    load balancing (round robin over writable queues; a FIFO message group hashed to
-    one queue so the group stays in order)."""
-
-    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "rr")
-
-    def __init__(self, route: TopicRoute, rr: int) -> None:
-        self.route = route
-        mtype = route.config.message_type
-        self.accepts = frozenset(t.value for t in _ACCEPTS[mtype])
-        self.writable = route.writable
-        self.nw = len(self.writable)
-        self.fifo = mtype == MessageType.FIFO
-        self.rr = rr
-
-    def select(self, m: Message) -> QueueRoute:
-        nw = self.nw
-        if not nw:
-            raise NoWritableQueueError(f"topic {self.route.config.name!r} has no writable queue")
-        if self.fifo and m.message_group:
-            return self.writable[crc32c(m.message_group.encode()) % nw]
-        n = self.rr
-        self.rr = n + 1
-        return self.writable[n % nw]
-
-
-class MessagingProcessor:
     def __init__(
         self,
         broker: BrokerClient,
@@ -159,20 +77,58 @@ class MessagingProcessor:
     ) -> None:
         self.broker = broker
         self.config = config or ProcessorConfig()
-        self.authorizer = authorizer or AllowAll()
         self.metrics = Metrics()
         self._rr = itertools.count()
         self._route_rr: dict[str, int] = {}
-        self._plans: dict[str, _TopicPlan] = {}
-        self._route_nowait = getattr(broker, "route_nowait", None)
+        self._plans: dict[str, TopicPlan] = {}
+        self._route_nowait = broker.route_nowait
         self._checkers: list[TransactionChecker] = []
         self._routers: list[Router] = []
+        self.set_authorizer(authorizer or AllowAll())
 
     async def start(self) -> None:
         await self.broker.start()
 
     async def stop(self) -> None:
         await self.broker.stop()
+
+    # ------------------------------------------------------------------ authorization
+
+    def set_authorizer(self, authorizer: Authorizer) -> None:
+        """Install the authorizer every call of every door asks (see gateway/auth.py)."""
+        self.authorizer = authorizer
+        self._check: Callable[[RequestContext, Action, Resource, str], None] = authorizer.check
+        self._allow_all = type(authorizer) is AllowAll
+
+    def authorize(self, ctx: RequestContext, action: Action, resource: Resource, name: str) -> None:
+        """Raise ForbiddenError/UnauthorizedError unless ``ctx`` may do ``action`` on ``name``:
+        for what a door decides itself (an MQTT subscription's filter, a delivery)."""
+        self._check(ctx, action, resource, name)
+
+    def allowed(self, ctx: RequestContext, action: Action, resource: Resource, name: str) -> bool:
+        """:meth:`authorize` as a yes/no, for doors whose protocol refuses without an error."""
+        try:
+            self._check(ctx, action, resource, name)
+        except (ForbiddenError, UnauthorizedError):
+            return False
+        return True
+
+    def _consume_check(self, ctx: RequestContext, group: str, topic: str) -> None:
+        if self._allow_all:  # consumption's hot paths pay one call, as with one check
+            return
+        check = self._check
+        check(ctx, _SUB, _TOPIC, topic)
+        check(ctx, _SUB, _GROUP, group)
+
+    def _may_use(self, ctx: RequestContext, topic: str) -> bool:
+        return self.allowed(ctx, _PUB, _TOPIC, topic) or self.allowed(ctx, _SUB, _TOPIC, topic)
+
+    def _use_check(self, ctx: RequestContext, topic: str) -> None:
+        """Producers and consumers alike ask for routes and descriptions: either right will do."""
+        try:
+            self._check(ctx, _PUB, _TOPIC, topic)
+        except ForbiddenError:
+            self._check(ctx, _SUB, _TOPIC, topic)
 
     # ------------------------------------------------------------------ helpers
 
@@ -189,46 +145,35 @@ class MessagingProcessor:
                 raise TopicNotFoundError(f"topic {topic!r} does not exist")
         return route
 
-    def _select_queue(self, route: TopicRoute, msg: Message) -> QueueRoute:
-        writable = route.writable
-        if not writable:
-            raise NoWritableQueueError(f"topic {route.config.name!r} has no writable queue")
-        if msg.message_group and route.config.message_type == MessageType.FIFO:
-            return writable[crc32c(msg.message_group.encode()) % len(writable)]
-        n = self._route_rr.get(route.config.name, 0)
-        self._route_rr[route.config.name] = n + 1
-        return writable[n % len(writable)]
-
     @staticmethod
     def _broker_of_handle(receipt_handle: str) -> str:
         return broker_of(receipt_handle)
 
     # ------------------------------------------------------------------ send
 
-    def _plan_nowait(self, ctx: RequestContext, topic: str) -> "_TopicPlan | None":
+    def _plan_nowait(self, ctx: RequestContext, topic: str) -> TopicPlan | None:
         """Everything a send needs about one topic, once per call; None when the route
         is not at hand without a round trip (then :meth:`_send_plan`)."""
         if topic[:1] == "%" and not is_lmq(topic):
             raise BadRequestError(f"topic {topic!r} is reserved for the broker")
-        self.authorizer.check(ctx, "pub", topic)
-        nowait = self._route_nowait
-        route = nowait(topic) if nowait is not None else None
+        self._check(ctx, _PUB, _TOPIC, topic)
+        route = self._route_nowait(topic)
         if route is None:
             return None
         return self._plan_for(topic, route)
 
-    async def _send_plan(self, ctx: RequestContext, topic: str) -> "_TopicPlan":
+    async def _send_plan(self, ctx: RequestContext, topic: str) -> TopicPlan:
         route = await self._route(ctx, topic, create=True)
         return self._plan_for(topic, route)
 
-    def _plan_for(self, topic: str, route: TopicRoute) -> "_TopicPlan":
+    def _plan_for(self, topic: str, route: TopicRoute) -> TopicPlan:
         # Kept across calls while the broker client hands out the same route object
         # (the round-robin position lives in the plan).
         plan = self._plans.get(topic)
         if plan is None or plan.route is not route:
             if len(self._plans) > 65536:
                 self._plans.clear()
-            plan = self._plans[topic] = _TopicPlan(route, plan.rr if plan is not None else 0)
+            plan = self._plans[topic] = TopicPlan(route, plan.rr if plan is not None else 0)
         return plan
 
     async def send(
@@ -243,7 +188,7 @@ class MessagingProcessor:
 
         Written as one flat loop on purpose (it is the hottest path of every door):
         per topic of the call one route lookup, one authorization and one type table
-        (a :class:`_TopicPlan`); per message only the checks that depend on the message.
+        (a :class:`TopicPlan`); per message only the checks that depend on the message.
         """
         n = len(messages)
         if not n:
@@ -251,11 +196,11 @@ class MessagingProcessor:
         if n > self.config.max_batch:
             raise BadRequestError(f"a batch holds at most {self.config.max_batch} messages")
         max_size = self.config.max_message_size
-        plans: dict[str, _TopicPlan] = {}
+        plans: dict[str, TopicPlan] = {}
         # per topic of the call: [plan, first round-robin position, messages so far, run length]
         states: dict[str, list] = {}
         st: list = []
-        plan: _TopicPlan | None = None
+        plan: TopicPlan | None = None
         last_topic = None
         now = int(time.time() * 1000)
         protocol = ctx.protocol
@@ -332,7 +277,7 @@ class MessagingProcessor:
         failed: set[str] = set()
         if not mixed:  # the common case: every message of the call goes to one broker
             try:
-                put = await self.broker.send(one_broker, messages, transactional, producer_group)
+                put = await self.broker.send(one_broker, messages, transactional, producer_group)  # type: ignore[arg-type]  # set: n > 0
             except (PeerUnavailableError, BrokerWriteBlockedError):
                 failed.add(one_broker)  # type: ignore[arg-type]  # regrouped below
             else:
@@ -371,7 +316,7 @@ class MessagingProcessor:
     async def _send_grouped(
         self,
         by_broker: dict[str, list[tuple[int, Message]]],
-        plans: dict[str, "_TopicPlan"],
+        plans: dict[str, TopicPlan],
         transactional: bool,
         producer_group: str,
         n: int,
@@ -418,7 +363,7 @@ class MessagingProcessor:
             for i, m in lost:
                 route = plans[m.topic].route
                 alive = TopicRoute(route.config, [q for q in route.queues if q.broker not in failed])
-                q = self._select_queue(alive, m)
+                q = select_queue(alive, m, self._route_rr)
                 m.queue_id = q.queue_id
                 by_broker.setdefault(q.broker, []).append((i, m))
         return results  # type: ignore[return-value]
@@ -452,18 +397,17 @@ class MessagingProcessor:
         from_check: bool = False,
         broker: str | None = None,
     ) -> None:
-        self.authorizer.check(ctx, "pub", topic)
+        self._check(ctx, _PUB, _TOPIC, topic)
         kind = "check" if from_check else "client"
         last: Exception | None = None
         tried: set[str] = set()
-        invalidate = getattr(self.broker, "invalidate", None)
         for fresh in (False, True):
             if not fresh:
                 brokers = [broker] if broker is not None else (await self._route(ctx, topic)).brokers
-            elif broker is None and invalidate is not None:
+            elif broker is None:
                 # separated: a route cached while a cluster (re)started may lack the broker that
                 # holds the half message; ask the nameservers again before saying "unknown"
-                invalidate(topic)
+                self.broker.invalidate(topic)
                 route = await self.broker.route(topic)
                 brokers = route.brokers if route is not None else []
             else:
@@ -521,13 +465,12 @@ class MessagingProcessor:
         from_latest: bool = False,
     ) -> list[PoppedMessage]:
         """Receive up to ``max_count`` messages hidden for ``invisible_ms``; long-poll ``wait_ms``."""
-        self.authorizer.check(ctx, "sub", topic)
+        self._consume_check(ctx, group, topic)
         if not group:
             raise BadRequestError("a consumer group is required")
         if filter_expression is not None:
             compile_filter(filter_expression)  # a bad expression is the caller's error, before any wait
-        nowait = self._route_nowait
-        route = nowait(topic) if nowait is not None else None
+        route = self._route_nowait(topic)
         if route is None:
             route = await self._route(ctx, topic)
         brokers = route.readable_brokers
@@ -576,7 +519,7 @@ class MessagingProcessor:
         return out
 
     async def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
-        self.authorizer.check(ctx, "sub", topic)
+        self._consume_check(ctx, group, topic)
         await self.broker.ack(self._broker_of_handle(receipt_handle), group, receipt_handle)
         self.metrics.inc("acks", ctx.protocol)
 
@@ -588,7 +531,7 @@ class MessagingProcessor:
         Returns, per handle, None or the error code it failed with (a bad or stale handle
         does not fail the others).
         """
-        self.authorizer.check(ctx, "sub", topic)
+        self._consume_check(ctx, group, topic)
         by_broker: dict[str, list[int]] = {}
         for i, h in enumerate(receipt_handles):
             try:
@@ -601,7 +544,7 @@ class MessagingProcessor:
             else:
                 idx.append(i)
         out: list[str | None] = [None] * len(receipt_handles)
-        batch = getattr(self.broker, "ack_batch", None)
+        batch = self.broker.ack_batch
 
         async def settle(b: str, idx: list[int]) -> None:
             if not b:
@@ -609,16 +552,7 @@ class MessagingProcessor:
                     out[i] = InvalidReceiptHandleError.code
                 return
             hs = receipt_handles if len(by_broker) == 1 else [receipt_handles[i] for i in idx]
-            if batch is not None:
-                res = await batch(b, group, hs)
-            else:
-                res = []
-                for h in hs:
-                    try:
-                        await self.broker.ack(b, group, h)
-                        res.append(None)
-                    except UnimqError as e:
-                        res.append(e.code)
+            res = await batch(b, group, hs)
             for i, r in zip(idx, res):
                 out[i] = r
 
@@ -633,17 +567,15 @@ class MessagingProcessor:
         self, ctx: RequestContext, group: str, topic: str, receipt_handle: str, invisible_ms: int
     ) -> tuple[str, int]:
         """Re-hide (or, with 0, release at once) a popped message; returns the new handle."""
-        self.authorizer.check(ctx, "sub", topic)
+        self._consume_check(ctx, group, topic)
         return await self.broker.change_invisible(
             self._broker_of_handle(receipt_handle), group, receipt_handle, invisible_ms
         )
 
     async def forward_to_dlq(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
-        self.authorizer.check(ctx, "sub", topic)
+        self._consume_check(ctx, group, topic)
         await self.broker.forward_to_dlq(self._broker_of_handle(receipt_handle), group, receipt_handle)
-        invalidate = getattr(self.broker, "invalidate", None)
-        if invalidate is not None:  # separated: the DLQ may be new, or new on that broker
-            invalidate(dlq_topic(group))
+        self.broker.invalidate(dlq_topic(group))  # separated: the DLQ may be new, or new on that broker
         self.metrics.inc("dead_lettered", ctx.protocol)
 
     # ------------------------------------------------------------------ pull consumption
@@ -670,7 +602,7 @@ class MessagingProcessor:
         broker: str | None = None,
     ) -> GetResult:
         """Read a queue by offset (queue-level load balancing; what Spark uses)."""
-        self.authorizer.check(ctx, "sub", topic)
+        self._check(ctx, _SUB, _TOPIC, topic)
         b = await self._queue_broker(ctx, topic, queue_id, broker)
         r = await self.broker.pull(b, topic, queue_id, offset, max_count, filter_expression, wait_ms)
         self.metrics.inc("messages_out", ctx.protocol, len(r.messages))
@@ -680,16 +612,15 @@ class MessagingProcessor:
 
     async def pull_raw(
         self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int
-    ) -> tuple[bytes, memoryview, int, str, int, int] | None:
+    ) -> RawPage | None:
         """Queue offsets ``[offset, offset+n)`` undecoded, for columnar readers (the HTTP door's
         Arrow pages): see MessageStore.get_raw for the tuple. None when :meth:`pull` must be used
         (a remote broker, offset out of range)."""
-        self.authorizer.check(ctx, "sub", topic)
-        fn = getattr(self.broker, "pull_raw", None)  # the in-process broker client only
-        if fn is None:
+        self._check(ctx, _SUB, _TOPIC, topic)
+        if not self.broker.reads_raw:
             return None
         b = await self._queue_broker(ctx, topic, queue_id, None)
-        r = await fn(b, topic, queue_id, offset, max_count)
+        r = await self.broker.pull_raw(b, topic, queue_id, offset, max_count)
         if r is not None:
             n = len(r[0]) // 20  # 20-byte consume-queue entries
             self.metrics.inc("messages_out", ctx.protocol, n)
@@ -699,7 +630,7 @@ class MessagingProcessor:
     async def commit_offset(
         self, ctx: RequestContext, group: str, topic: str, queue_id: int, offset: int, *, broker: str | None = None
     ) -> None:
-        self.authorizer.check(ctx, "sub", topic)
+        self._consume_check(ctx, group, topic)
         b = await self._queue_broker(ctx, topic, queue_id, broker)
         await self.broker.commit_offset(b, group, topic, queue_id, offset)
 
@@ -707,6 +638,7 @@ class MessagingProcessor:
         self, ctx: RequestContext, group: str, topic: str, queue_id: int, *, broker: str | None = None
     ) -> int | None:
         """The group's committed offset, or None if it never committed one."""
+        self._consume_check(ctx, group, topic)
         b = await self._queue_broker(ctx, topic, queue_id, broker)
         return await self.broker.get_offset(b, group, topic, queue_id)
 
@@ -720,13 +652,14 @@ class MessagingProcessor:
         *,
         broker: str | None = None,
     ) -> int:
+        self._check(ctx, _SUB, _TOPIC, topic)
         b = await self._queue_broker(ctx, topic, queue_id, broker)
         return await self.broker.query_offset(b, topic, queue_id, policy, timestamp_ms)
 
     # ------------------------------------------------------------------ route and admin
 
     async def query_route(self, ctx: RequestContext, topic: str) -> TopicRoute:
-        self.authorizer.check(ctx, "sub", topic)
+        self._use_check(ctx, topic)
         return await self._route(ctx, topic, create=False)
 
     async def create_topic(
@@ -737,7 +670,7 @@ class MessagingProcessor:
         message_type: MessageType | str = MessageType.NORMAL,
         exist_ok: bool = False,
     ) -> TopicConfig:
-        self.authorizer.check(ctx, "admin", name)
+        self._check(ctx, Action.CREATE, _TOPIC, name)
         if is_system_topic(name) and not is_lmq(name):
             raise BadRequestError("topic names starting with '%' are reserved (doors may create '%LMQ%' queues)")
         try:
@@ -757,21 +690,15 @@ class MessagingProcessor:
         pull checks the topic on the broker it reads. Adds queue 0 of ``name`` on that
         broker (nothing when it is already there, or when one broker holds everything).
         """
-        self.authorizer.check(ctx, "admin", name)
+        self._check(ctx, Action.CREATE, _TOPIC, name)
         if not is_lmq(name):
             raise BadRequestError("only '%LMQ%' topics are hosted per broker")
-        call = getattr(self.broker, "_call", None)  # the remote broker client only
-        if call is None:
-            return
-        await call(broker, "create_topic", TopicConfig(name, queues=1, queue_base=0), True)
-        invalidate = getattr(self.broker, "invalidate", None)
-        if invalidate is not None:
-            invalidate(name)
+        await self.broker.host_queue(broker, name)
 
     async def update_topic(
         self, ctx: RequestContext, name: str, *, queues: int | None = None, perm: int | None = None
     ) -> TopicConfig:
-        self.authorizer.check(ctx, "admin", name)
+        self._check(ctx, Action.ADMIN, _TOPIC, name)
         route = await self._route(ctx, name)
         tc = route.config
         updated = TopicConfig(
@@ -786,26 +713,34 @@ class MessagingProcessor:
         return await self.broker.update_topic(updated)
 
     async def delete_topic(self, ctx: RequestContext, name: str) -> None:
-        self.authorizer.check(ctx, "admin", name)
+        self._check(ctx, Action.DELETE, _TOPIC, name)
         if is_system_topic(name) and not name.startswith(("%DLQ%", "%RETRY%", "%LMQ%")):
             raise BadRequestError("system topics cannot be deleted")
         await self.broker.delete_topic(name)
 
     async def list_topics(self, ctx: RequestContext, include_system: bool = False) -> list[TopicConfig]:
-        return await self.broker.list_topics(include_system)
+        """The topics the caller may publish to or consume from."""
+        topics = await self.broker.list_topics(include_system)
+        if self._allow_all:
+            return topics
+        return [t for t in topics if self._may_use(ctx, t.name)]
 
     async def describe_topic(self, ctx: RequestContext, name: str) -> TopicStats:
+        self._use_check(ctx, name)
         return await self.broker.describe_topic(name)
 
     # ------------------------------------------------------------------ query
 
     async def query_message_by_id(self, ctx: RequestContext, message_id: str) -> StoredMessage | None:
-        return await self.broker.query_by_id(message_id)
+        m = await self.broker.query_by_id(message_id)
+        if m is not None:
+            self._check(ctx, _SUB, _TOPIC, m.topic)  # the resource is known once found
+        return m
 
     async def query_messages_by_key(
         self, ctx: RequestContext, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 32
     ) -> list[StoredMessage]:
-        self.authorizer.check(ctx, "sub", topic)
+        self._check(ctx, _SUB, _TOPIC, topic)
         return await self.broker.query_by_key(topic, key, begin_ms, end_ms, max_count)
 
     # ------------------------------------------------------------------ durable door state
@@ -816,27 +751,26 @@ class MessagingProcessor:
         Doors keep only connection state themselves; what must survive a restart is
         written here and lives in the broker's journal and snapshot.
         """
+        self._check(ctx, Action.ADMIN, Resource.DOOR_STATE, namespace)
         await self.broker.kv_put(namespace, key, value)
 
     async def kv_get(self, ctx: RequestContext, namespace: str, key: str) -> bytes | None:
+        self._check(ctx, Action.ADMIN, Resource.DOOR_STATE, namespace)
         return await self.broker.kv_get(namespace, key)
 
     async def kv_items(self, ctx: RequestContext, namespace: str) -> dict[str, bytes]:
+        self._check(ctx, Action.ADMIN, Resource.DOOR_STATE, namespace)
         return await self.broker.kv_items(namespace)
 
     # ------------------------------------------------------------------ observability
 
     async def consumer_lag(self, ctx: RequestContext) -> list[tuple[str, str, int]]:
         """(group, topic, messages not yet consumed) for every pop and pull consumer group."""
+        self._check(ctx, Action.ADMIN, Resource.CLUSTER, "")
         return await self.broker.consumer_lag()
 
     async def store_stats(self, ctx: RequestContext) -> dict:
         """Store size and flush timings, summed over the brokers (see BrokerController.store_stats)."""
+        self._check(ctx, Action.ADMIN, Resource.CLUSTER, "")
         return await self.broker.store_stats()
 
-
-# Namespaces (RocketMQ's x-mq-namespace): every public call with a namespaced context
-# sees only that namespace's topics and groups. See gateway/namespace.py.
-from . import namespace as _namespace  # noqa: E402  (needs the class defined above)
-
-_namespace.apply(MessagingProcessor)

@@ -29,15 +29,15 @@ from core_broker.remoting.rows import (
 from core_broker.remoting.wire import pack_block, register_error, register_ext, unpack_block
 from core_broker.transaction_service import TransactionCheckLostError
 
-from . import auth, processor as _processor_module
+from . import api, auth, processor as _processor_module
+from .api import CALLS, MessagingAPI, SendResult
 from .broker_client import QueueRoute, TopicRoute
 from .context import RequestContext
 from .namespace import namespace_of, unwrap, unwrap_result
-from .processor import MessagingProcessor, SendResult
 
 _new_tuple = tuple.__new__
 
-for _mod in (auth, _processor_module):
+for _mod in (api, auth, _processor_module):
     for _v in vars(_mod).values():
         if isinstance(_v, type) and issubclass(_v, UnimqError):
             register_error(_v)
@@ -51,17 +51,16 @@ register_ext(33, SendResult, lambda r: list(r), lambda f: SendResult(*f))
 register_ext(34, QueueRoute, lambda q: [q.broker, q.queue_id, q.perm], lambda f: QueueRoute(*f))
 register_ext(35, TopicRoute, lambda r: [r.config, r.queues], lambda f: TopicRoute(f[0], list(f[1])))
 
-PROCESSOR_METHODS = [
-    "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
-    "commit_offset", "get_offset", "query_offset", "query_route", "create_topic", "update_topic", "delete_topic",
-    "list_topics", "describe_topic", "query_message_by_id", "query_messages_by_key", "kv_put", "kv_get", "kv_items",
-    "poll_transaction_checks", "confirm_transaction_checks", "host_lmq",
-]
-_OWN_METHODS = ("poll_transaction_checks", "confirm_transaction_checks", "send", "pop", "pull")
+# The facade's own calls: how transaction checks reach remote producers (see ProcessorRpcFacade).
+_CHECK_METHODS = ("poll_transaction_checks", "confirm_transaction_checks")
+#: What the processor RPC serves: exactly the processor API's calls (gateway/api.py), plus the checks.
+PROCESSOR_METHODS = [*CALLS, *_CHECK_METHODS]
+_OWN_METHODS = (*_CHECK_METHODS, "send", "pop", "pull")  # the facade's own code, not a pass-through
+_CALL_SET = frozenset(CALLS)
 
 
 class ProcessorRpcFacade:
-    """Server side: every listed method forwards to the processor unchanged.
+    """Server side: every call of the processor API forwards to the processor unchanged.
 
     Transaction checks reach remote callers by polling: the first
     ``poll_transaction_checks`` registers a checker that queues checks while
@@ -76,8 +75,8 @@ class ProcessorRpcFacade:
     POLL_GRACE_S = 30.0
     CONFIRM_TIMEOUT_S = 10.0  # a producer that took a check and went silent: it counts
 
-    def __init__(self, processor: MessagingProcessor) -> None:
-        for name in PROCESSOR_METHODS:
+    def __init__(self, processor: MessagingAPI) -> None:
+        for name in CALLS:
             if name not in _OWN_METHODS:
                 setattr(self, name, getattr(processor, name))
         self._processor = processor
@@ -194,7 +193,8 @@ class RemoteProcessor:
         self._ack_tasks: set[asyncio.Task] = set()
 
     def __getattr__(self, name: str) -> Any:
-        if name not in PROCESSOR_METHODS:
+        # the processor API's other calls go over the wire as they are
+        if name not in _CALL_SET:
             raise AttributeError(name)
 
         async def call(*args: Any, **kwargs: Any) -> Any:

@@ -18,10 +18,12 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from core_broker.broker_controller import QueueStats, TopicStats, kv_version
 from core_broker.errors import TopicExistsError, TopicNotFoundError
+from core_broker.model import FilterExpression, GetResult, Message, PutResult, StoredMessage
+from core_broker.pop_service import PoppedMessage
 from core_broker.remoting.client import PeerUnavailableError, RpcClient
 from core_broker.remoting.rows import (
     get_result_from_block,
@@ -33,7 +35,7 @@ from core_broker.topic_config import PERM_WRITE, TopicConfig
 from core_broker.transaction_service import TransactionCheckLostError, TransactionChecker
 from nameserver.client import NameserverClient
 
-from .broker_client import QueueRoute, TopicRoute
+from .broker_client import QueueRoute, RawPage, TopicRoute
 
 log = logging.getLogger("unimq.remote")
 
@@ -41,6 +43,10 @@ KV_BROKERS_MAX_AGE_S = 3.0  # how stale the broker list door state is replicated
 
 
 class RemoteBrokerClient:
+    """Separated deployment: every call goes over RPC to the broker that owns the data."""
+
+    reads_raw = False  # the store's bytes are in another process: readers use pull()
+
     def __init__(self, nameservers: list[tuple[str, int]], route_ttl_s: float = 30.0, isolate_s: float = 15.0) -> None:
         self.ns = NameserverClient(nameservers)
         self.route_ttl_s = route_ttl_s
@@ -137,6 +143,9 @@ class RemoteBrokerClient:
     def invalidate(self, topic: str) -> None:
         self._routes.pop(topic, None)
 
+    def route_nowait(self, topic: str) -> TopicRoute | None:
+        return None  # a route here is filtered by the brokers' liveness on every ask: use route()
+
     # ------------------------------------------------------------------ routes and topics
 
     async def route(self, topic: str) -> TopicRoute | None:
@@ -194,6 +203,10 @@ class RemoteBrokerClient:
             base += n
         self.invalidate(tc.name)
         return tc
+
+    async def host_queue(self, broker: str, name: str) -> None:
+        await self._call(broker, "create_topic", TopicConfig(name, queues=1, queue_base=0), True)
+        self.invalidate(name)
 
     async def _hosts(self, name: str) -> list[str]:
         self.invalidate(name)
@@ -259,20 +272,25 @@ class RemoteBrokerClient:
 
     # send, pop and pull carry their batches as blocks of rows (core_broker/remoting/rows.py)
 
-    async def send(self, broker, msgs, transactional, producer_group):
+    async def send(
+        self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
+    ) -> list[tuple[PutResult, str | None]]:
         block = await self._call(broker, "send", messages_to_block(msgs), transactional, producer_group)
         return put_results_from_block(block)
 
-    async def end_transaction(self, broker, transaction_id, commit, source):
+    async def end_transaction(self, broker: str, transaction_id: str, commit: bool, source: str) -> None:
         await self._call(broker, "end_transaction", transaction_id, commit, source)
 
-    async def pop(self, broker, group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest):
+    async def pop(
+        self, broker: str, group: str, topic: str, max_count: int, invisible_ms: int,
+        filter_expression: FilterExpression | None, wait_ms: int, from_latest: bool,
+    ) -> list[PoppedMessage]:
         return popped_from_block(await self._call(
             broker, "pop", group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest,
             rpc_timeout=wait_ms / 1000.0 + 30.0,
         ))
 
-    async def ack(self, broker, group, receipt_handle):
+    async def ack(self, broker: str, group: str, receipt_handle: str) -> None:
         """Acks to one broker and group issued in the same event-loop turn (a door settling
         a popped batch message by message, many consumers at once) travel as one
         ``ack_batch`` call: one RPC and one journal record instead of one each."""
@@ -309,31 +327,37 @@ class RemoteBrokerClient:
             if not fut.done():
                 fut.set_result(code)
 
-    async def ack_batch(self, broker, group, receipt_handles):
+    async def ack_batch(self, broker: str, group: str, receipt_handles: Sequence[str]) -> list[str | None]:
         return await self._call(broker, "ack_batch", group, list(receipt_handles))
 
-    async def change_invisible(self, broker, group, receipt_handle, invisible_ms):
+    async def change_invisible(self, broker: str, group: str, receipt_handle: str, invisible_ms: int) -> tuple[str, int]:
         return tuple(await self._call(broker, "change_invisible", group, receipt_handle, invisible_ms))
 
-    async def forward_to_dlq(self, broker, group, receipt_handle):
+    async def forward_to_dlq(self, broker: str, group: str, receipt_handle: str) -> None:
         await self._call(broker, "forward_to_dlq", group, receipt_handle)
 
-    async def pull(self, broker, topic, queue_id, offset, max_count, filter_expression, wait_ms):
+    async def pull(
+        self, broker: str, topic: str, queue_id: int, offset: int, max_count: int,
+        filter_expression: FilterExpression | None, wait_ms: int,
+    ) -> GetResult:
         return get_result_from_block(await self._call(
             broker, "pull", topic, queue_id, offset, max_count, filter_expression, wait_ms,
             rpc_timeout=wait_ms / 1000.0 + 30.0,
         ))
 
-    async def commit_offset(self, broker, group, topic, queue_id, offset):
+    async def pull_raw(self, broker: str, topic: str, queue_id: int, offset: int, max_count: int) -> RawPage | None:
+        return None  # see reads_raw
+
+    async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None:
         await self._call(broker, "commit_offset", group, topic, queue_id, offset)
 
-    async def get_offset(self, broker, group, topic, queue_id):
+    async def get_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None:
         return await self._call(broker, "get_offset", group, topic, queue_id)
 
-    async def query_offset(self, broker, topic, queue_id, policy, timestamp_ms):
+    async def query_offset(self, broker: str, topic: str, queue_id: int, policy: str, timestamp_ms: int) -> int:
         return await self._call(broker, "query_offset", topic, queue_id, policy, timestamp_ms)
 
-    async def query_by_id(self, message_id):
+    async def query_by_id(self, message_id: str) -> StoredMessage | None:
         # Ask the brokers we know; when none has it, ask the nameservers again and try the
         # brokers not asked yet: a list cached while a cluster restarted may lack a broker
         # (the id's broker is not in the id, as any broker may have stored it).
@@ -351,7 +375,9 @@ class RemoteBrokerClient:
                     return m
         return None
 
-    async def query_by_key(self, topic, key, begin_ms, end_ms, max_count):
+    async def query_by_key(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
+    ) -> list[StoredMessage]:
         out = []
         for b in await self._hosts(topic):
             try:
@@ -412,17 +438,17 @@ class RemoteBrokerClient:
         if not t.cancelled() and t.exception() is not None:
             log.debug("door state read repair failed: %s", t.exception())
 
-    async def kv_put(self, namespace, key, value):
+    async def kv_put(self, namespace: str, key: str, value: bytes | None) -> None:
         await self._kv_fanout("kv_put", namespace, key, value, self._kv_version())
 
-    async def kv_get(self, namespace, key):
+    async def kv_get(self, namespace: str, key: str) -> bytes | None:
         answers = await self._kv_fanout("kv_get_versioned", namespace, key)
         best_v, best = max((a for _, a in answers), key=lambda a: a[0])
         if best_v >= 0:
             self._kv_repair([b for b, a in answers if a[0] < best_v], namespace, key, best_v, best)
         return best
 
-    async def kv_items(self, namespace):
+    async def kv_items(self, namespace: str) -> dict[str, bytes]:
         answers = await self._kv_fanout("kv_items_versioned", namespace)
         merged: dict[str, tuple[int, bytes | None]] = {}
         for _, items in answers:
@@ -436,6 +462,43 @@ class RemoteBrokerClient:
                 if have is None or have[0] < v:
                     self._kv_repair([b], namespace, k, v, val)
         return {k: val for k, (v, val) in merged.items() if val is not None}
+
+    # ------------------------------------------------------------------ observability
+
+    async def _every_broker(self, method: str) -> list[Any]:
+        """``method``'s answer from every live broker at once (those that do not answer are left out)."""
+        names = [b["name"] for b in await self._brokers() if self._live(b["name"])]
+        answers = await asyncio.gather(*(self._call(b, method) for b in names), return_exceptions=True)
+        out = []
+        for a in answers:
+            if isinstance(a, BaseException):
+                if not isinstance(a, PeerUnavailableError):
+                    raise a
+            else:
+                out.append(a)
+        return out
+
+    async def consumer_lag(self) -> list[tuple[str, str, int]]:
+        """Every broker's backlog per (group, topic), summed over the brokers."""
+        lag: dict[tuple[str, str], int] = {}
+        for rows in await self._every_broker("consumer_lag"):
+            for g, t, n in rows:
+                lag[(g, t)] = lag.get((g, t), 0) + n
+        return [(g, t, n) for (g, t), n in sorted(lag.items())]
+
+    async def store_stats(self) -> dict:
+        """The brokers' commitlog bytes and fdatasync timings, summed."""
+        out: dict[str, Any] = {"commitlog_bytes": 0, "flush_buckets": (), "flush_counts": [], "flush_seconds_sum": 0.0}
+        for s in await self._every_broker("store_stats"):
+            out["commitlog_bytes"] += s.get("commitlog_bytes", 0)
+            out["flush_seconds_sum"] += s.get("flush_seconds_sum", 0.0)
+            counts = list(s.get("flush_counts", ()))
+            if not out["flush_buckets"]:
+                out["flush_buckets"] = tuple(s.get("flush_buckets", ()))
+                out["flush_counts"] = counts
+            elif len(counts) == len(out["flush_counts"]):
+                out["flush_counts"] = [a + b for a, b in zip(out["flush_counts"], counts)]
+        return out
 
     # ------------------------------------------------------------------ transaction checks
 

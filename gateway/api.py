@@ -1,0 +1,243 @@
+"""The processor API: the one typed contract between the doors and the processor.
+
+Every door (MQTT, AMQP, HTTP/CloudEvents, gRPC) holds its processor typed as
+:class:`MessagingAPI` and calls nothing else on it. Two layers, because two
+kinds of callers exist:
+
+- :class:`ProcessorCalls`: the calls that carry a :class:`RequestContext` and
+  plain data. They are what the processor RPC serves to remote callers
+  (``gateway/processor_rpc.py`` serves exactly :data:`CALLS`), what a
+  namespace rewrites (``gateway/namespace.py`` wraps exactly :data:`CALLS`),
+  and what the authorizer is asked about (each one checks the caller).
+- :class:`MessagingAPI`: those plus what only makes sense in the door's own
+  process: the configuration, the counters, cross-protocol routers,
+  transaction-check callbacks, zero-copy reads of the store, and explicit
+  authorization checks for what a door decides alone (an MQTT subscription).
+
+Both lists are written once, here; everything that needs "the processor's
+methods" derives them from these protocols (:func:`protocol_methods`), so a
+new call is added in one place. The contract's value types (results, the
+configuration, the router hook and the errors only the processor raises) live
+here too, so doors import this module rather than the processor's.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple, Protocol, Sequence
+
+from core_broker.broker_controller import TopicStats
+from core_broker.errors import BadRequestError, UnimqError
+from core_broker.model import DispatchTarget, FilterExpression, GetResult, Message, MessageType, StoredMessage
+from core_broker.pop_service import PoppedMessage
+from core_broker.topic_config import TopicConfig
+from core_broker.transaction_service import TransactionChecker
+
+from .auth import Action, Authorizer, Resource
+from .broker_client import RawPage, TopicRoute
+from .context import RequestContext
+from .metrics import Metrics
+
+__all__ = [
+    "ACCEPTED_MESSAGE_TYPES", "CALLS", "MessageTypeMismatchError", "MessagingAPI", "NoWritableQueueError",
+    "ProcessorCalls", "ProcessorConfig", "RawPage", "Router", "SendResult", "protocol_methods",
+]
+
+
+# ---------------------------------------------------------------------------- value types
+
+
+@dataclass
+class ProcessorConfig:
+    auto_create_topics: bool = True
+    default_queue_count: int = 8
+    max_message_size: int = 4 * 1024 * 1024
+    max_batch: int = 1024
+
+
+class SendResult(NamedTuple):
+    message_id: str
+    topic: str
+    broker: str
+    queue_id: int
+    queue_offset: int
+    transaction_id: str | None
+    # queue offsets the message got in each of its extra_dispatch targets, in order
+    # (doors that multi-dispatch into LMQs use them to hand a fresh message on directly)
+    extra_offsets: tuple[int, ...] = ()
+
+
+class Router(Protocol):
+    """A door's view of every message sent through any door: the cross-protocol seam.
+
+    ``route`` runs before the message is stored and names the door's own queues
+    it must be multi-dispatched into (an MQTT subscription's LMQ for a message
+    that came in over AMQP on ``amq.topic``, an AMQP queue bound to ``amq.topic``
+    for a message that came in over MQTT, ...). A door returns nothing for the
+    messages it routed itself. ``after_send`` runs once they are stored, for live
+    delivery (waking sessions, QoS 0 fan-out). Both are synchronous and must be cheap.
+    """
+
+    def route(self, message: Message) -> Iterable[DispatchTarget]: ...
+
+    def after_send(self, messages: Sequence[Message], results: Sequence[SendResult]) -> None: ...
+
+
+# Which message types a topic of each type accepts. Doors without topic types
+# (MQTT, AMQP, HTTP) send NORMAL messages, which typed topics other than
+# TRANSACTION take as well; a transactional message needs a TRANSACTION topic.
+# (The gRPC door advertises it as a queue's accept_message_types.)
+ACCEPTED_MESSAGE_TYPES: dict[MessageType, set[MessageType]] = {
+    MessageType.NORMAL: {MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY},
+    MessageType.FIFO: {MessageType.FIFO, MessageType.NORMAL},
+    MessageType.DELAY: {MessageType.DELAY, MessageType.NORMAL},
+    MessageType.TRANSACTION: {MessageType.TRANSACTION},
+}
+
+
+class MessageTypeMismatchError(BadRequestError):
+    code = "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
+
+
+class NoWritableQueueError(UnimqError):
+    code = "FORBIDDEN"
+
+
+# ---------------------------------------------------------------------------- the calls
+
+
+class ProcessorCalls(Protocol):
+    """What any caller may ask the processor, locally or over the processor RPC.
+
+    Each call takes the caller's context first; its arguments and results are
+    plain data that cross the RPC. Names of topics and groups are the caller's
+    (a namespaced context sees its own names only).
+    """
+
+    async def send(
+        self, ctx: RequestContext, messages: Sequence[Message], *, transactional: bool = False,
+        producer_group: str = "",
+    ) -> list[SendResult]: ...
+
+    async def end_transaction(
+        self, ctx: RequestContext, topic: str, transaction_id: str, commit: bool, *, from_check: bool = False,
+        broker: str | None = None,
+    ) -> None: ...
+
+    async def pop(
+        self, ctx: RequestContext, group: str, topic: str, max_count: int = 32, invisible_ms: int = 30_000,
+        filter_expression: FilterExpression | None = None, wait_ms: int = 0, *, from_latest: bool = False,
+    ) -> list[PoppedMessage]: ...
+
+    async def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None: ...
+
+    async def ack_batch(
+        self, ctx: RequestContext, group: str, topic: str, receipt_handles: Sequence[str]
+    ) -> list[str | None]: ...
+
+    async def change_invisible(
+        self, ctx: RequestContext, group: str, topic: str, receipt_handle: str, invisible_ms: int
+    ) -> tuple[str, int]: ...
+
+    async def forward_to_dlq(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None: ...
+
+    async def pull(
+        self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int = 32,
+        filter_expression: FilterExpression | None = None, wait_ms: int = 0, *, broker: str | None = None,
+    ) -> GetResult: ...
+
+    async def commit_offset(
+        self, ctx: RequestContext, group: str, topic: str, queue_id: int, offset: int, *, broker: str | None = None
+    ) -> None: ...
+
+    async def get_offset(
+        self, ctx: RequestContext, group: str, topic: str, queue_id: int, *, broker: str | None = None
+    ) -> int | None: ...
+
+    async def query_offset(
+        self, ctx: RequestContext, topic: str, queue_id: int, policy: str = "end", timestamp_ms: int = 0, *,
+        broker: str | None = None,
+    ) -> int: ...
+
+    async def query_route(self, ctx: RequestContext, topic: str) -> TopicRoute: ...
+
+    async def create_topic(
+        self, ctx: RequestContext, name: str, queues: int | None = None,
+        message_type: MessageType | str = MessageType.NORMAL, exist_ok: bool = False,
+    ) -> TopicConfig: ...
+
+    async def host_lmq(self, ctx: RequestContext, name: str, broker: str) -> None: ...
+
+    async def update_topic(
+        self, ctx: RequestContext, name: str, *, queues: int | None = None, perm: int | None = None
+    ) -> TopicConfig: ...
+
+    async def delete_topic(self, ctx: RequestContext, name: str) -> None: ...
+
+    async def list_topics(self, ctx: RequestContext, include_system: bool = False) -> list[TopicConfig]: ...
+
+    async def describe_topic(self, ctx: RequestContext, name: str) -> TopicStats: ...
+
+    async def query_message_by_id(self, ctx: RequestContext, message_id: str) -> StoredMessage | None: ...
+
+    async def query_messages_by_key(
+        self, ctx: RequestContext, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 32
+    ) -> list[StoredMessage]: ...
+
+    async def kv_put(self, ctx: RequestContext, namespace: str, key: str, value: bytes | None) -> None: ...
+
+    async def kv_get(self, ctx: RequestContext, namespace: str, key: str) -> bytes | None: ...
+
+    async def kv_items(self, ctx: RequestContext, namespace: str) -> dict[str, bytes]: ...
+
+    async def consumer_lag(self, ctx: RequestContext) -> list[tuple[str, str, int]]: ...
+
+    async def store_stats(self, ctx: RequestContext) -> dict: ...
+
+
+class MessagingAPI(ProcessorCalls, Protocol):
+    """What a door holds: :class:`ProcessorCalls` plus the in-process hooks."""
+
+    config: ProcessorConfig
+    metrics: Metrics
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def pull_raw(
+        self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int
+    ) -> RawPage | None: ...
+
+    def add_router(self, router: Router) -> None: ...
+
+    def remove_router(self, router: Router) -> None: ...
+
+    def set_transaction_checker(self, checker: TransactionChecker | None) -> None: ...
+
+    def add_transaction_checker(self, checker: TransactionChecker) -> None: ...
+
+    def remove_transaction_checker(self, checker: TransactionChecker) -> None: ...
+
+    def authorize(self, ctx: RequestContext, action: Action, resource: Resource, name: str) -> None: ...
+
+    def allowed(self, ctx: RequestContext, action: Action, resource: Resource, name: str) -> bool: ...
+
+    def set_authorizer(self, authorizer: Authorizer) -> None: ...
+
+
+def protocol_methods(protocol: type) -> tuple[str, ...]:
+    """The public methods a protocol class declares (its own and its bases'), in definition order."""
+    names: dict[str, None] = {}
+    for klass in reversed(protocol.__mro__):
+        if klass is object or klass is Protocol or not getattr(klass, "_is_protocol", False):
+            continue
+        for name, value in vars(klass).items():
+            if not name.startswith("_") and inspect.isfunction(value):
+                names[name] = None
+    return tuple(names)
+
+
+#: The calls remote callers get and namespaces apply to (the processor RPC serves exactly these).
+CALLS: tuple[str, ...] = protocol_methods(ProcessorCalls)

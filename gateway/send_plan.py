@@ -1,0 +1,73 @@
+"""Per-topic planning of a send call: what the processor's hot send loop looks up once per topic.
+
+A :class:`TopicPlan` holds a topic's route, the message types the topic takes,
+and producer load balancing (round robin over writable queues; a FIFO message
+group hashed to one queue so the group stays in order). The processor keeps a
+plan per topic across calls while the broker client hands out the same route
+object, so a send call of one topic costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+from crc32c import crc32c
+
+from core_broker.model import Message, MessageType
+
+from .api import ACCEPTED_MESSAGE_TYPES, NoWritableQueueError
+from .broker_client import QueueRoute, TopicRoute
+
+# Property names seen on sends that do not start with RESERVED_PREFIX: doors stamp the
+# same few names on every message, and one C-level set check per message is cheaper
+# than testing each name's prefix (a generator per message). Bounded: names are the
+# clients'; past the bound the prefix test just runs every time.
+PLAIN_KEYS: set[str] = set()
+PLAIN_KEYS_MAX = 4096
+
+
+def message_type_of(msg: Message, transactional: bool) -> MessageType:
+    if transactional:
+        return MessageType.TRANSACTION
+    if msg.message_group:
+        return MessageType.FIFO
+    if msg.delivery_time_ms:
+        return MessageType.DELAY
+    return MessageType.NORMAL
+
+
+class TopicPlan:
+    """One topic of a send call: its route, the message types it takes (as plain strings:
+    a str hash is cached, an enum's is not), and its round-robin position."""
+
+    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "rr")
+
+    def __init__(self, route: TopicRoute, rr: int) -> None:
+        self.route = route
+        mtype = route.config.message_type
+        self.accepts = frozenset(t.value for t in ACCEPTED_MESSAGE_TYPES[mtype])
+        self.writable = route.writable
+        self.nw = len(self.writable)
+        self.fifo = mtype == MessageType.FIFO
+        self.rr = rr
+
+    def select(self, m: Message) -> QueueRoute:
+        nw = self.nw
+        if not nw:
+            raise NoWritableQueueError(f"topic {self.route.config.name!r} has no writable queue")
+        if self.fifo and m.message_group:
+            return self.writable[crc32c(m.message_group.encode()) % nw]
+        n = self.rr
+        self.rr = n + 1
+        return self.writable[n % nw]
+
+
+def select_queue(route: TopicRoute, msg: Message, rr: dict[str, int]) -> QueueRoute:
+    """A queue for one message outside a plan (a resend after a broker failed)."""
+    writable = route.writable
+    if not writable:
+        raise NoWritableQueueError(f"topic {route.config.name!r} has no writable queue")
+    if msg.message_group and route.config.message_type == MessageType.FIFO:
+        return writable[crc32c(msg.message_group.encode()) % len(writable)]
+    n = rr.get(route.config.name, 0)
+    rr[route.config.name] = n + 1
+    return writable[n % len(writable)]
+
