@@ -62,6 +62,7 @@ from pamqp import encode as pencode
 from core_broker.deadline_loop import DeadlineLoop
 from core_broker.errors import TopicNotFoundError, UnimqError
 from core_broker.model import DispatchTarget, Message, StoredMessage
+from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 
 from . import codec
@@ -785,7 +786,7 @@ class VHost:
 class AmqpBroker:
     """Door-wide AMQP state and the store operations every connection shares."""
 
-    def __init__(self, processor: Any, settings: Any) -> None:
+    def __init__(self, processor: MessagingAPI, settings: Any) -> None:
         self.processor = processor
         self.settings = settings
         self.ctx = RequestContext(protocol="amqp", client_id="amqp-door")

@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 from core_broker.errors import UnimqError
 from core_broker.model import FilterExpression, FilterType, Message, MessageType
+from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 
 from .mapping import (
@@ -469,7 +470,7 @@ def create_app(state: ServerState) -> FastAPI:
         log.exception("%s %s failed", request.method, request.url.path)
         return _error(500, "INTERNAL_ERROR", f"internal error: {type(exc).__name__}")
 
-    def processor() -> Any:
+    def processor() -> MessagingAPI:
         p = state.processor
         if p is None or not state.ready:
             raise ApiError(503, "SERVICE_UNAVAILABLE", f"unimq is {state.phase}")

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from core_broker.errors import UnimqError
+from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -36,7 +37,7 @@ _CTX = RequestContext(protocol="http", client_id="metrics")
 class UnimqCollector:
     """Reads the processor's, broker's and push manager's figures at scrape time."""
 
-    def __init__(self, processor: Any, push: Any = None) -> None:
+    def __init__(self, processor: MessagingAPI | None, push: Any = None) -> None:
         self.processor = processor
         self.push = push
         self._lag: list[tuple[str, str, int]] = []

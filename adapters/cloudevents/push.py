@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from core_broker.errors import BadRequestError, TopicNotFoundError, UnimqError
+from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 
 from .mapping import CE_JSON_CONTENT_TYPE, event_attributes, to_binary_http, to_structured_json
@@ -291,7 +292,7 @@ class _Runner:
 class PushManager:
     """All push subscriptions of one gateway: durable specs, one delivery loop each."""
 
-    def __init__(self, processor: Any, allowed_hosts: list[str] | None = None) -> None:
+    def __init__(self, processor: MessagingAPI, allowed_hosts: list[str] | None = None) -> None:
         self.processor = processor
         self.allowed_hosts = list(allowed_hosts or [])
         self.subs: dict[str, dict[str, Any]] = {}

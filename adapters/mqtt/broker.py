@@ -48,6 +48,7 @@ from typing import Any, Coroutine
 
 from core_broker.errors import MessageTooLargeError, StoreFullError, TopicNotFoundError, UnimqError
 from core_broker.model import DispatchTarget, Message
+from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 from gateway.lmq_reader import LaneRuns, MemoryBudget, commit_floor, committed_floor, pull_lane
 from gateway.naming import P_MQTT_QOS, P_MQTT_TOPIC
@@ -283,7 +284,7 @@ def PubItem(topic: str, payload: bytes, qos: int, retain: bool, props: dict[str,
 class MQTTBroker:
     """Sessions, subscriptions, retained messages; talks to the store only through the processor."""
 
-    def __init__(self, processor: Any, config: MQTTConfig | None = None) -> None:
+    def __init__(self, processor: MessagingAPI, config: MQTTConfig | None = None) -> None:
         self.processor = processor
         self.config = config or MQTTConfig()
         self.ctx = RequestContext(protocol="mqtt", client_id="mqtt-door")

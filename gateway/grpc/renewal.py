@@ -25,7 +25,7 @@ from typing import Callable
 from core_broker.deadline_loop import DeadlineLoop
 from core_broker.errors import UnimqError
 from gateway.context import RequestContext
-from gateway.processor import MessagingProcessor
+from gateway.api import MessagingAPI
 
 log = logging.getLogger("unimq.grpc")
 
@@ -44,7 +44,7 @@ class _Held:
 class Renewer:
     def __init__(
         self,
-        processor: MessagingProcessor,
+        processor: MessagingAPI,
         client_alive: Callable[[str], bool],
         *,
         invisible_ms: int = 60_000,

@@ -35,7 +35,7 @@ from core_broker.model import GetStatus, MessageType, StoredMessage
 from core_broker.system_topics import is_system_topic
 from gateway.auth import UnauthorizedError
 from gateway.context import RequestContext
-from gateway.processor import ACCEPTED_MESSAGE_TYPES, MessagingProcessor
+from gateway.api import ACCEPTED_MESSAGE_TYPES, MessagingAPI
 
 from . import convert as cv
 from .convert import Code
@@ -88,11 +88,11 @@ def _peer(context: grpc.aio.ServicerContext) -> str:
 
 
 class MessagingService(sgrpc.MessagingServiceServicer):
-    """apache.rocketmq.v2.MessagingService over a :class:`MessagingProcessor`."""
+    """apache.rocketmq.v2.MessagingService over the processor API (:class:`MessagingAPI`)."""
 
     def __init__(
         self,
-        processor: MessagingProcessor,
+        processor: MessagingAPI,
         *,
         credentials: Mapping[str, str] | None = None,
         max_delivery_attempts: int = 16,
