@@ -334,6 +334,21 @@ async def processor(
         await put.stop()
 
 
+@pytest.fixture
+async def merged_processor(tmp_path: Path) -> AsyncIterator[MessagingProcessor]:
+    """A started MessagingProcessor over an in-process broker, for tests of the processor's own
+    pieces (authorization, namespaces, its RPC) that need the object itself, not a shape."""
+    from gateway.deployment import merged_processor as build
+
+    sc = store_config(tmp_path / "data")
+    p = build(sc, broker_config(), processor_config(sc))
+    await p.start()
+    try:
+        yield p
+    finally:
+        await p.stop()
+
+
 # ----------------------------------------------------------------------------- helpers
 
 

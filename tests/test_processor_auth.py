@@ -11,18 +11,15 @@ own checks (``authorize``/``allowed``).
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 
 from core_broker.errors import UnimqError
 from gateway.auth import Action, AllOf, AllowAll, ForbiddenError, Resource, UnauthorizedError, forbidden
 from gateway.context import RequestContext
-from gateway.deployment import merged_processor
 from gateway.processor import MessagingProcessor
 
-from processor_fixtures import broker_config, msg, processor_config, store_config
+from processor_fixtures import merged_processor, msg  # noqa: F401  (merged_processor is a fixture)
 
 ALICE = RequestContext(protocol="test", client_id="c1", remote_address="127.0.0.1:9", principal="alice")
 DOOR = RequestContext(protocol="test", client_id="door")
@@ -46,14 +43,8 @@ class Rules:
 
 
 @pytest.fixture
-async def proc(tmp_path: Path) -> AsyncIterator[MessagingProcessor]:
-    sc = store_config(tmp_path / "data")
-    p = merged_processor(sc, broker_config(), processor_config(sc))
-    await p.start()
-    try:
-        yield p
-    finally:
-        await p.stop()
+def proc(merged_processor: MessagingProcessor) -> MessagingProcessor:
+    return merged_processor
 
 
 async def test_default_allows_everything(proc: MessagingProcessor) -> None:

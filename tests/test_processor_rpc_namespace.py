@@ -10,7 +10,6 @@ refused by the server.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import AsyncIterator
 
 import pytest
@@ -19,12 +18,11 @@ from core_broker.errors import UnimqError
 from core_broker.remoting.server import RpcServer
 from gateway.auth import Action, ForbiddenError, Resource, forbidden
 from gateway.context import RequestContext
-from gateway.deployment import merged_processor
 from gateway.namespace import in_namespace, namespace_of, unwrap, wrap
 from gateway.processor import MessagingProcessor
 from gateway.processor_rpc import PROCESSOR_METHODS, ProcessorRpcFacade, RemoteProcessor
 
-from processor_fixtures import broker_config, msg, processor_config, store_config
+from processor_fixtures import merged_processor, msg  # noqa: F401  (merged_processor is a fixture)
 
 CTX = RequestContext(protocol="test", client_id="rpc-suite", principal="bob")
 
@@ -65,14 +63,8 @@ def test_namespace_membership() -> None:
 
 
 @pytest.fixture
-async def proc(tmp_path: Path) -> AsyncIterator[MessagingProcessor]:
-    sc = store_config(tmp_path / "data")
-    p = merged_processor(sc, broker_config(), processor_config(sc))
-    await p.start()
-    try:
-        yield p
-    finally:
-        await p.stop()
+def proc(merged_processor: MessagingProcessor) -> MessagingProcessor:
+    return merged_processor
 
 
 async def test_a_namespaced_context_sees_only_its_names(proc: MessagingProcessor) -> None:
