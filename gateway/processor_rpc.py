@@ -191,6 +191,8 @@ class RemoteProcessor:
         self._unconfirmed: dict[int, list[str]] = {}
         self._acks: dict[tuple, list] = {}  # acks of this event-loop turn, per (ctx, group, topic)
         self._ack_tasks: set[asyncio.Task] = set()
+        self._checker: Any = None
+        self._pollers: list[asyncio.Task] = []
 
     def __getattr__(self, name: str) -> Any:
         # the processor API's other calls go over the wire as they are
@@ -281,7 +283,7 @@ class RemoteProcessor:
     def set_transaction_checker(self, checker: Any) -> None:
         """Poll every gateway for transaction checks and hand them to ``checker``."""
         self._checker = checker
-        for t in getattr(self, "_pollers", []):
+        for t in self._pollers:
             t.cancel()
         self._pollers = [asyncio.ensure_future(self._poll(c)) for c in self.clients] if checker else []
 
@@ -308,7 +310,7 @@ class RemoteProcessor:
         return None
 
     async def stop(self) -> None:
-        pollers = getattr(self, "_pollers", [])
+        pollers = self._pollers
         for t in pollers:
             t.cancel()
         await asyncio.gather(*pollers, return_exceptions=True)
