@@ -1,11 +1,19 @@
-"""The MQTT door: MQTT 3.1, 3.1.1 and 5.0 (TCP and WebSocket) in front of the MessagingProcessor.
+"""The MQTT door: MQTT 3.1, 3.1.1 and 5.0 (TCP, TLS and WebSocket) in front of the MessagingProcessor.
 
-Modules, bottom up:
+Modules, one concept each, bottom up:
 
 - ``codec``: sans-io packet codec (bytes in, packets out) -- hand-written, see its docstring.
-- ``topics``: topic names and filters, the unified-topic mapping, the topic-filter trie.
-- ``session``: what outlives a connection (subscriptions, LMQ cursors, in-flight windows).
-- ``broker``: the protocol state machine per connection and the routing/delivery logic,
-  talking to the store only through the processor.
-- ``server``: the asyncio TCP and WebSocket listeners (``MQTTDoor``, ``MQTTWebSocketDoor``).
+- ``state``: the connection's protocol state, sans-io, as an explicit transition table.
+- ``topics``: topic names and filters, the topic-filter trie.
+- ``mapping``: an MQTT PUBLISH as a unified message and back (``Outgoing``).
+- ``session``: what outlives a connection (subscriptions, LMQ lanes, in-flight windows).
+- ``config``: the door's knobs.
+- ``acl`` / ``passwords``: topic rights (Mosquitto ACL files) / who may connect.
+- ``routing``: subscriptions -> dispatch plans; ``retained``: retained messages;
+  ``session_store``: persistent sessions; ``wills``: wills.
+- ``delivery``: in-flight windows and QoS 1/2 delivery from the sessions' LMQs (through
+  ``gateway.lmq_reader``); ``shared``: shared subscriptions' pop/ack delivery.
+- ``connection``: one network connection, a thin loop around codec and state.
+- ``broker``: the door tying them (CONNECT, SUBSCRIBE, publishing, the router seam).
+- ``sys_topics``: ``$SYS`` statistics; ``server``: the asyncio listeners.
 """

@@ -27,12 +27,13 @@ library reads Mosquitto's ACL files.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from core_broker.errors import ConfigurationError
 
 from .topics import filter_matches
 
-__all__ = ["AclFileError", "Acl", "load_acl_file", "filter_covers"]
+__all__ = ["AclFileError", "Acl", "AccessControl", "load_acl_file", "filter_covers"]
 
 READ, WRITE = 1, 2
 _ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": 0}
@@ -134,3 +135,53 @@ def load_acl_file(path: str | Path) -> Acl:
             raise AclFileError(f"mqtt_acl_file {path}, line {n}: {word} without a topic")
         (acl.patterns if word == "pattern" else current).append((access, topic))
     return acl
+
+
+class AccessControl:
+    """The door's topic rights per session: an ACL file's decisions, or everything without one.
+
+    Decisions a session makes often are cached on it (its rules once per user
+    name, publish rights per topic); read rights are asked when a dispatch plan
+    is built, so the delivery path pays nothing per message.
+    """
+
+    __slots__ = ("acl",)
+
+    def __init__(self, acl: Acl | None) -> None:
+        self.acl = acl
+
+    def _rules(self, s: Any) -> list[tuple[int, str]]:
+        rules = s.acl_rules
+        if rules is None:
+            rules = s.acl_rules = self.acl.rules(s.username, s.client_id)  # type: ignore[union-attr]
+        return rules
+
+    def login(self, s: Any, username: str | None) -> bool:
+        """``s`` connects as ``username``: its rights follow that name. True when they changed."""
+        if s.username == username:
+            return False
+        s.username = username
+        s.acl_rules = None
+        s.acl_write.clear()
+        return True
+
+    def can_read(self, s: Any, topic: str) -> bool:
+        """May ``s`` receive messages on ``topic``? (Always, without an ACL file.)"""
+        acl = self.acl
+        return acl is None or acl.can_topic(self._rules(s), topic, READ)
+
+    def can_write(self, s: Any, topic: str) -> bool:
+        acl = self.acl
+        if acl is None:
+            return True
+        ok = s.acl_write.get(topic)
+        if ok is None:
+            ok = acl.can_topic(self._rules(s), topic, WRITE)
+            if len(s.acl_write) > 1024:  # topics are the client's: keep the cache bounded
+                s.acl_write.clear()
+            s.acl_write[topic] = ok
+        return ok
+
+    def can_subscribe(self, s: Any, flt: str) -> bool:
+        acl = self.acl
+        return acl is None or acl.can_subscribe(self._rules(s), flt)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from core_broker.errors import ConfigurationError
 
-__all__ = ["PasswordFileError", "load_password_file", "verify"]
+__all__ = ["PasswordFileError", "Credentials", "load_password_file", "verify"]
 
 
 class PasswordFileError(ConfigurationError):
@@ -79,3 +79,27 @@ def verify(entry: str, password: bytes) -> bool:
     else:
         got = hashlib.sha512(password + salt).digest()
     return hmac.compare_digest(got, digest)
+
+
+class Credentials:
+    """Who may connect: plain-text ``users`` and a Mosquitto password file's users."""
+
+    __slots__ = ("plain", "hashed")
+
+    def __init__(self, plain: dict[str, str], password_file: str = "") -> None:
+        self.plain = plain
+        # read at start: a bad file stops the door there
+        self.hashed = load_password_file(password_file) if password_file else {}
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.plain or self.hashed)
+
+    def check(self, user: str, password: bytes | None) -> bool:
+        if password is None:
+            return False
+        plain = self.plain.get(user)
+        if plain is not None:
+            return hmac.compare_digest(plain.encode(), password)
+        entry = self.hashed.get(user)
+        return entry is not None and verify(entry, password)

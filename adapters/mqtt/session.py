@@ -28,39 +28,12 @@ from typing import Any
 from gateway.lmq_reader import LaneRuns, WindowedLane
 
 from .codec import MQTT_311
+from .mapping import Outgoing
+from .topics import parse_shared
 
-__all__ = ["Subscription", "Cursor", "Inflight", "Session", "Outgoing", "SESSION_NEVER_EXPIRES"]
+__all__ = ["Subscription", "Cursor", "Inflight", "Session", "Outgoing", "SESSION_NEVER_EXPIRES"]  # Outgoing: mapping's
 
 SESSION_NEVER_EXPIRES = 0xFFFFFFFF
-
-
-class Outgoing:
-    """One application message on its way out: what a PUBLISH to a subscriber is built from."""
-
-    __slots__ = ("topic", "tb", "payload", "qos", "retain", "props", "expiry_at", "_v5", "raw")
-
-    def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, props: dict[str, Any] | None,
-                 expiry_at: int = 0, tb: bytes | None = None) -> None:
-        self.topic = topic
-        self.tb = topic.encode() if tb is None else tb  # the topic encoded (shared when the caller has it)
-        self.payload = payload
-        self.qos = qos
-        self.retain = retain
-        self.props = props  # v5 properties to forward (no alias, no subscription ids, no expiry)
-        self.expiry_at = expiry_at  # absolute ms, 0 = never
-        self._v5: bytes | None = None
-        self.raw: dict[str, str] | None = None  # stored properties, when props are still to derive
-
-    def v5props(self) -> dict[str, Any] | None:
-        if self.raw is not None:
-            from .broker import v5_props_of  # the mapping lives with the broker
-
-            self.props = v5_props_of(self.raw)
-            self.raw = None
-        return self.props
-
-    def expired(self, now_ms: int) -> bool:
-        return bool(self.expiry_at) and now_ms >= self.expiry_at
 
 
 class Subscription:
@@ -167,6 +140,24 @@ class Session:
         for lmq, b in self.cursors:
             out.setdefault(lmq, []).append(b)
         return out
+
+    @classmethod
+    def from_json(cls, client_id: str, raw: bytes) -> tuple["Session", dict[str, list[str]]]:
+        """A session saved by :meth:`to_json`, and its lanes (LMQ -> brokers). Raises ValueError,
+        KeyError, TypeError or MQTTProtocolError for a record it cannot read."""
+        d = json.loads(raw)
+        s = cls(client_id, d["v"], d["e"])
+        s.lmq_seq = d["n"]
+        s.disconnected_at = d["d"] or int(time.time() * 1000)
+        s.qos2_in = {int(pid) for pid in d.get("q", ()) if 0 < int(pid) < 65536}
+        s.pubrel = {int(pid) for pid in d.get("r", ()) if 0 < int(pid) < 65536}
+        s.username = d.get("u")
+        for key, qos, nl, rap, rh, sid, lmq in d["s"]:
+            group, flt = parse_shared(key)
+            s.subs[key] = Subscription(flt, qos, s, no_local=bool(nl), rap=bool(rap), rh=rh, sub_id=sid, lmq=lmq,
+                                       group=group)
+        lanes = d.get("l") or {}  # none in the format before lanes
+        return s, lanes if isinstance(lanes, dict) else {}
 
     def to_json(self) -> bytes:
         return json.dumps(

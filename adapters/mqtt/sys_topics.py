@@ -17,19 +17,32 @@ PUBLISH packets and of bytes on this process's MQTT connections since start.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core_broker.deadline_loop import DeadlineLoop
 
-from .session import Outgoing
+from .mapping import Outgoing
+from .routing import member_sub_ids
+
+if TYPE_CHECKING:
+    from .broker import MQTTBroker
 
 PREFIX = "$SYS/broker/"
+
+
+class Counters:
+    """What the door counts as it goes (PUBLISH packets and bytes in and out, QoS 0 drops)."""
+
+    __slots__ = ("pub_in", "pub_out", "bytes_in", "bytes_out", "qos0_dropped")
+
+    def __init__(self) -> None:
+        self.pub_in = self.pub_out = self.bytes_in = self.bytes_out = self.qos0_dropped = 0
 
 
 class SysTopics:
     """Publishes the door's statistics every ``interval_s`` seconds (0: never)."""
 
-    def __init__(self, broker: Any, interval_s: float, version: str) -> None:
+    def __init__(self, broker: MQTTBroker, interval_s: float, version: str) -> None:
         self.broker = broker
         self.interval_s = interval_s
         self.version = version
@@ -59,7 +72,8 @@ class SysTopics:
         now = time.monotonic()
         connected = sum(1 for c in b.connections if c.session is not None and not c.closed)
         sessions = len(b.sessions)
-        received, sent = b.pub_in, b.pub_out
+        c = b.counters
+        received, sent = c.pub_in, c.pub_out
         hist = self._history
         hist.append((now, received, sent))
         while len(hist) > 2 and now - hist[1][0] >= 60:
@@ -80,9 +94,9 @@ class SysTopics:
             "messages/sent": str(sent),
             "publish/messages/received": str(received),
             "publish/messages/sent": str(sent),
-            "publish/messages/dropped": str(b.stats.get("qos0_dropped", 0)),
-            "bytes/received": str(b.bytes_in),
-            "bytes/sent": str(b.bytes_out),
+            "publish/messages/dropped": str(c.qos0_dropped),
+            "bytes/received": str(c.bytes_in),
+            "bytes/sent": str(c.bytes_out),
             "load/messages/received/1min": f"{per_min_in:.2f}",
             "load/messages/sent/1min": f"{per_min_out:.2f}",
         }
@@ -100,15 +114,13 @@ class SysTopics:
             out = Outgoing(topic, payload, 0, True, None)
             self.retained[topic] = out
             changed += 1
-            subs, groups = b._route(topic)
+            subs, groups = b.routing.match(topic)
             for sub in subs:
                 conn = sub.session.conn
-                if conn is not None and not conn.closed and b.can_read(sub.session, topic):
-                    conn.deliver(out, 0, bool(sub.rap), [sub.sub_id] if sub.sub_id else None)
+                if conn is not None and not conn.closed and b.access.can_read(sub.session, topic):
+                    conn.deliver(out, 0, bool(sub.rap), member_sub_ids(sub))
             for g in groups:
-                online = g.online()
-                if online:
-                    g.rr += 1
-                    sub = online[g.rr % len(online)]
-                    sub.session.conn.deliver(out, 0, False, [sub.sub_id] if sub.sub_id else None)
+                m = g.next_online()
+                if m is not None:
+                    m.session.conn.deliver(out, 0, False, member_sub_ids(m))
         return changed

@@ -1,0 +1,409 @@
+"""Delivery from a session's LMQs: in-flight windows, the in-memory window, read-back, acknowledged floors.
+
+How (README, "MQTT door"): a connected session reads each of its QoS 1/2
+subscriptions' LMQs in order, through ``gateway.lmq_reader`` lanes (one per
+broker storing its messages). A message just stored is sent at once when the
+session is caught up and its window (v5 Receive Maximum, ``max_inflight``) has
+room, else kept in memory under the door's byte budget, else left to a read-back
+by offset. Why pull and not pop for these: an LMQ has exactly one reader, and
+MQTT wants in-order delivery and, after a reconnect, the unacknowledged messages
+again, first, in order -- exactly what "resume from the acknowledged floor"
+gives. Progress is the floor, committed as consumer group ``mqtt``'s offset at
+most every 0.2 s while some session has moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from core_broker.errors import TopicNotFoundError, UnimqError
+from gateway.context import RequestContext
+from gateway.lmq_reader import LaneRuns, MemoryBudget, commit_floor, committed_floor, pull_lane
+
+from . import codec as C
+from .codec import encode_publish
+from .config import MQTTConfig
+from .mapping import Outgoing, now_ms, outgoing_from_stored
+from .session import Cursor, Inflight, Session, Subscription
+from .sys_topics import Counters
+
+if TYPE_CHECKING:
+    from .connection import Connection
+    from .shared import SharedDelivery
+
+log = logging.getLogger("unimq.mqtt")
+
+__all__ = ["Delivery", "OFFSET_GROUP", "MEM_ENTRY_OVERHEAD"]
+
+OFFSET_GROUP = "mqtt"
+# Per message kept in a session's in-memory window: the payload plus this much bookkeeping
+# (the Outgoing, its topic bytes, the tuple and the deque slot), counted against
+# MQTTConfig.mem_queue_bytes.
+MEM_ENTRY_OVERHEAD = 256
+
+
+class Delivery:
+    """Every session's lanes: offering just-stored messages, pumping, acknowledging, committing."""
+
+    def __init__(self, processor: Any, ctx: RequestContext, config: MQTTConfig, counters: Counters,
+                 spawn: Callable[[Awaitable[Any]], Any], save_session: Callable[[Session], Awaitable[None]],
+                 sub_ids: Callable[[Session, str, Subscription], list[int] | None]) -> None:
+        self.processor = processor
+        self.ctx = ctx
+        self.config = config
+        self.counters = counters
+        self.spawn = spawn
+        self.save_session = save_session
+        self.sub_ids = sub_ids
+        self.shared: SharedDelivery | None = None  # set by the broker (shared groups' in-flight messages)
+        self.mem = MemoryBudget(config.mem_queue_bytes)  # every cursor's in-memory window (_mem_push)
+        self._dirty_sessions: set[Session] = set()
+        self._dirty_wake = asyncio.Event()  # set when _dirty_sessions stops being empty
+        self._gone_lanes: dict[str, list[str]] = {}  # LMQ being deleted -> brokers that held a lane
+        self._flusher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="mqtt-offsets")
+
+    async def stop(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            try:
+                await self._flusher
+            except asyncio.CancelledError:
+                pass
+
+    def dirty(self, s: Session, lanes: Any = None) -> None:
+        """``s``'s lanes (all of them without ``lanes``) have a floor to commit."""
+        s.dirty.update(s.cursors if lanes is None else lanes)
+        if not self._dirty_sessions:
+            self._dirty_wake.set()
+        self._dirty_sessions.add(s)
+
+    def drop_lanes(self, s: Session, lmq: str) -> None:
+        """``s`` no longer reads ``lmq`` (its subscription is gone): forget its lanes, and
+        remember their brokers for :meth:`delete_lmq`."""
+        lanes = [k for k in s.cursors if k[0] == lmq]
+        for key in lanes:
+            self.drop_lane(s, key)
+        self._gone_lanes[lmq] = [b for _, b in lanes]
+        if len(self._gone_lanes) > 10_000:  # names whose deletion never ran
+            self._gone_lanes.clear()
+
+    async def restore_lanes(self, s: Session, sub: Subscription, saved: list[str]) -> None:
+        """After a restart: ``sub``'s lanes, each read on from its committed floor -- the ones
+        saved with the session and the LMQ's route broker (where the single cursor of the
+        format before lanes was committed)."""
+        lmq = sub.lmq
+        assert lmq is not None
+        brokers = set(saved)
+        try:
+            brokers.update((await self.processor.query_route(self.ctx, lmq)).brokers)
+        except UnimqError:
+            pass
+        for b in sorted(brokers):
+            key = (lmq, b)
+            try:
+                start = await committed_floor(self.processor, self.ctx, OFFSET_GROUP, lmq, b)
+            except UnimqError:
+                start = 0
+            s.cursors[key] = Cursor(b, start, must_pull=True)
+            s.pending[key] = 1
+
+    def resume(self, s: Session) -> None:
+        """A session is connected again: every lane may have something in the store."""
+        for lmq, cur in s.cursors.items():
+            cur.must_pull = True
+            s.pending[lmq] = s.pending.get(lmq, 0) + 1
+        self.wake(s)
+
+    def offline(self, s: Session) -> None:
+        """A session lost its connection: commit its floors; what it missed is read from the store later."""
+        self.dirty(s)
+        for cur in s.cursors.values():
+            self._mem_clear(cur)
+
+    async def _flush_loop(self) -> None:
+        # Asleep while no session has anything to commit; then one commit per 0.2 s at most,
+        # taking in everything that became dirty meanwhile.
+        while True:
+            await self._dirty_wake.wait()
+            self._dirty_wake.clear()
+            await asyncio.sleep(0.2)
+            try:
+                await self.commit_offsets()
+            except Exception:  # pragma: no cover - keep committing
+                log.exception("mqtt: committing offsets failed")
+
+    async def commit_offsets(self) -> None:
+        sessions, self._dirty_sessions = self._dirty_sessions, set()
+        for s in sessions:
+            dirty, s.dirty = s.dirty, set()
+            for key in dirty:
+                cur = s.cursors.get(key)
+                if cur is None:
+                    continue
+                try:
+                    await commit_floor(self.processor, self.ctx, OFFSET_GROUP, key[0], cur)
+                except TopicNotFoundError:
+                    pass
+
+    def drop_lane(self, s: Session, key: tuple[str, str]) -> None:
+        cur = s.cursors.pop(key, None)
+        if cur is not None:
+            self._mem_clear(cur)
+        s.runs.pop(key[0], None)
+        s.pending.pop(key, None)
+        s.dirty.discard(key)
+
+    async def delete_lmq(self, lmq: str) -> None:
+        try:
+            # every broker holding a lane must know the topic, so that deleting it reaches
+            # that broker's part too (the name is used again by a later session of the client)
+            for b in self._gone_lanes.pop(lmq, ()):
+                await self.processor.host_lmq(self.ctx, lmq, b)
+            await self.processor.delete_topic(self.ctx, lmq)
+        except TopicNotFoundError:
+            pass
+        except UnimqError as e:  # pragma: no cover
+            log.warning("mqtt: could not delete %s: %s", lmq, e)
+
+    def wake(self, s: Session) -> None:
+        conn = s.conn
+        if s.pumping or conn is None or not s.pending:
+            return
+        # hysteresis: wait until an eighth of the window is free, so that the store is
+        # read (and the task scheduled) once per batch, not once per acknowledgement
+        if conn.window - s.outstanding() < (conn.window >> 3 or 1) and s.outstanding():
+            return
+        s.pumping = True
+        self.spawn(self.pump(s))
+
+    def lane(self, s: Session, sub: Subscription, broker: str) -> Cursor | None:
+        """``sub``'s lane on ``broker``, made on the first message that broker stored for it.
+
+        A new lane starts at offset 0: the LMQ's part on that broker began with this
+        subscription (its LMQ name is new), and earlier entries sent by concurrent
+        publishes the door has not seen yet must not be skipped. None: ``sub`` is gone.
+        """
+        key = (sub.lmq, broker)
+        cur = s.cursors.get(key)  # type: ignore[arg-type]
+        if cur is None and sub.lmq and not sub.group and s.subs.get(sub.filter) is sub:
+            lmq = sub.lmq
+            others = [c for k, c in s.cursors.items() if k[0] == lmq]
+            if others and lmq not in s.runs:
+                # a second lane: from now on the order across lanes is recorded (see Session.runs);
+                # what the first lane holds unread came before
+                runs = s.runs[lmq] = LaneRuns()
+                for c in others:
+                    if c.end > c.read:
+                        runs.note(c.broker, c.end - c.read)
+            cur = s.cursors[key] = Cursor(broker)  # type: ignore[index]
+            if s.persistent:  # the lane list is part of the saved session (read back after a restart)
+                self.spawn(self.save_session(s))
+        return cur
+
+    def must_pull(self, s: Session, sub: Subscription, broker: str) -> None:
+        cur = self.lane(s, sub, broker)
+        if cur is not None:
+            cur.must_pull = True
+            key = (sub.lmq, broker)
+            s.pending[key] = s.pending.get(key, 0) + 1  # type: ignore[index]
+
+    def offer(self, s: Session, sub: Subscription, out: Outgoing, offset: int, broker: str) -> None:
+        """A message was just stored at ``offset`` of ``sub``'s lane on ``broker``: send it, queue it,
+        or leave it to a pull."""
+        key = (sub.lmq, broker)
+        cur = s.cursors.get(key)  # type: ignore[arg-type]
+        if cur is None:
+            cur = self.lane(s, sub, broker)
+            if cur is None:
+                return
+        if offset >= cur.end:
+            cur.end = offset + 1
+        conn = s.conn
+        mem = cur.window
+        runs = s.runs.get(key[0]) if s.runs else None  # type: ignore[arg-type]
+        if (conn is not None and not mem and cur.read == offset and not cur.must_pull and not s.pumping
+                and conn.writable and s.outstanding() < conn.window and not conn.closed and not runs):
+            self._deliver_lmq(s, conn, sub, cur, key, offset, out)  # type: ignore[arg-type]
+            cur.read = offset + 1
+            return
+        if runs is not None:  # this LMQ has several lanes: remember the order across them
+            runs.note(broker)
+        if conn is None:
+            return  # offline: it waits in the store
+        if offset > mem[-1][0] if mem else offset >= cur.read:
+            # a gap before it (messages past the budget) is read back from the store
+            self._mem_push(cur, offset, out)
+        s.pending[key] = s.pending.get(key, 0) + 1  # type: ignore[index]
+        self.wake(s)
+
+    def _mem_push(self, cur: Cursor, offset: int, out: Outgoing) -> None:
+        """Keep a just-stored message for a session that is behind, within the byte budget
+        (past it, it stays in the store only; the pump reads it from there)."""
+        cur.hold(self.mem, offset, out, len(out.payload) + MEM_ENTRY_OVERHEAD)
+
+    def _mem_popleft(self, cur: Cursor) -> tuple[int, Outgoing]:
+        item = cur.window.popleft()
+        cur.release(self.mem, len(item[1].payload) + MEM_ENTRY_OVERHEAD)
+        return item
+
+    def _mem_clear(self, cur: Cursor) -> None:
+        cur.clear_window(self.mem)
+
+    def _deliver_lmq(self, s: Session, conn: Connection, sub: Subscription | None, cur: Cursor,
+                     lmq: tuple[str, str], off: int, out: Outgoing) -> None:
+        s.dirty.add(lmq)
+        if not self._dirty_sessions:
+            self._dirty_wake.set()
+        self._dirty_sessions.add(s)
+        if out.expiry_at and out.expired(now_ms()):
+            cur.settle(off)
+            return
+        q = out.qos if sub is None or sub.qos >= out.qos else sub.qos
+        retain = bool(sub is not None and sub.rap and out.retain)
+        sids = self.sub_ids(s, out.topic, sub) if sub is not None and s.has_sub_ids else None
+        if q == 0:
+            conn.deliver(out, 0, retain, sids)
+            cur.settle(off)
+            return
+        pid = s.alloc_pid()
+        s.inflight[pid] = Inflight(out, q, lmq, off, None, sids)
+        if conn.version != C.MQTT_5:  # no properties, no packet size limit: the short way
+            self.counters.pub_out += 1
+            conn.send(encode_publish(out.tb, out.payload, q, retain, False, pid, None))
+        else:
+            conn.send_publish(out, q, retain, False, pid, sids)
+
+    async def pump(self, s: Session) -> None:
+        """Feed a connected session from its LMQs: in-memory queue first, then the store."""
+        try:
+            while True:
+                conn = s.conn
+                if conn is None or conn.closed or not s.pending:
+                    return
+                room = conn.window - s.outstanding()
+                if room <= 0 or not conn.writable:
+                    return  # an ack or resume_writing wakes us again
+                progressed = False
+                for lmq in list(s.pending):  # lanes (lmq, broker)
+                    cur = s.cursors.get(lmq)
+                    if cur is None:
+                        s.pending.pop(lmq, None)
+                        continue
+                    sub = self._sub_of_lmq(s, lmq[0])
+                    mem = cur.window
+                    runs = s.runs.get(lmq[0]) if s.runs else None
+                    limit = room
+                    if runs:
+                        head = self._run_head(s, lmq[0], runs)
+                        if head is not None:
+                            if head[0] != cur.broker:
+                                continue  # another lane's messages were stored first
+                            limit = min(room, head[1])
+                    start = cur.read
+                    if mem and room > 0:
+                        took = 0
+                        freed = 0
+                        while mem and took < limit:
+                            off, out = mem[0]
+                            if off != cur.read:
+                                if off > cur.read:
+                                    break  # a gap: the store holds what comes before
+                                mem.popleft()  # already delivered from the store
+                                freed += len(out.payload) + MEM_ENTRY_OVERHEAD
+                                continue
+                            mem.popleft()
+                            freed += len(out.payload) + MEM_ENTRY_OVERHEAD
+                            self._deliver_lmq(s, conn, sub, cur, lmq, off, out)
+                            cur.read = off + 1
+                            took += 1
+                        cur.release(self.mem, freed)
+                        room -= took
+                        if took or freed:
+                            progressed = True
+                    if runs:
+                        runs.taken(cur.broker, cur.read - start)
+                        limit -= cur.read - start
+                    if room <= 0:
+                        break
+                    if (cur.must_pull or cur.read < cur.end) and limit > 0:
+                        want = min(room, limit, 512)
+                        if mem and mem[0][0] > cur.read:
+                            want = min(want, mem[0][0] - cur.read)  # up to the in-memory part
+                        start = cur.read
+                        try:
+                            r = await pull_lane(self.processor, lmq[0], cur, cur.read, want, s.ctx or self.ctx,
+                                                self.ctx)
+                        except TopicNotFoundError:
+                            cur.must_pull = False
+                            cur.end = cur.read
+                            s.pending.pop(lmq, None)
+                            continue
+                        if s.conn is not conn or conn.closed or s.cursors.get(lmq) is not cur:
+                            return
+                        msgs = r.messages
+                        if not msgs and r.next_offset > cur.read:
+                            cur.skip_to(r.next_offset)  # retention removed what was never read
+                            progressed = True
+                        for m in msgs:
+                            off = m.queue_offset
+                            if off < cur.read:
+                                continue
+                            cur.skip_to(off)
+                            self._deliver_lmq(s, conn, sub, cur, lmq, off,
+                                              outgoing_from_stored(m.properties, m.body, m.topic))
+                            cur.read = off + 1
+                        while mem and mem[0][0] < cur.read:
+                            self._mem_popleft(cur)
+                        if msgs:
+                            progressed = True
+                            room -= len(msgs)
+                        if len(msgs) < want:
+                            cur.must_pull = False
+                            if cur.end < cur.read:
+                                cur.end = cur.read
+                        if runs:
+                            runs.taken(cur.broker, cur.read - start)
+                    if cur.caught_up():
+                        s.pending.pop(lmq, None)
+                    if room <= 0:
+                        break
+                if not progressed:
+                    return
+        finally:
+            s.pumping = False
+
+    @staticmethod
+    def _run_head(s: Session, lmq: str, runs: LaneRuns[str]) -> list[Any] | None:
+        """The oldest run whose lane still has something to read."""
+
+        def live(broker: str) -> bool:
+            key = (lmq, broker)
+            c = s.cursors.get(key)
+            return c is not None and key in s.pending and not c.caught_up()
+
+        return runs.head(live)
+
+    @staticmethod
+    def _sub_of_lmq(s: Session, lmq: str) -> Subscription | None:
+        for sub in s.subs.values():
+            if sub.lmq == lmq:
+                return sub
+        return None
+
+    def acked(self, s: Session, f: Inflight) -> None:
+        """A QoS 1 PUBACK or QoS 2 PUBREC arrived for ``f``."""
+        if f.receipt is not None:
+            self.spawn(self.shared.ack(s, f))
+        elif f.lmq is not None:
+            cur = s.cursors.get(f.lmq)
+            if cur is not None:
+                cur.settle(f.offset)
+                s.dirty.add(f.lmq)
+                if not self._dirty_sessions:
+                    self._dirty_wake.set()
+                self._dirty_sessions.add(s)

@@ -1,0 +1,78 @@
+"""Persistent sessions: the sessions of this door, their durable records and their expiry.
+
+What outlives a connection (clean session 0 / session expiry > 0) is small and
+written through the processor's durable key-value store (namespace
+``mqtt.sessions``, one record per client id: see ``session.py`` for what it
+holds and why); the messages themselves stay in the store, in the sessions' LMQs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+from gateway.context import RequestContext
+
+from .codec import MQTTProtocolError
+from .session import SESSION_NEVER_EXPIRES, Session
+
+log = logging.getLogger("unimq.mqtt")
+
+__all__ = ["SessionStore", "KV_SESSIONS"]
+
+KV_SESSIONS = "mqtt.sessions"
+
+
+class SessionStore:
+    """Client id -> session, with the durable record of each persistent one."""
+
+    __slots__ = ("processor", "ctx", "sessions")
+
+    def __init__(self, processor: Any, ctx: RequestContext) -> None:
+        self.processor = processor
+        self.ctx = ctx
+        self.sessions: dict[str, Session] = {}
+
+    async def load(self) -> list[tuple[Session, dict[str, list[str]]]]:
+        """Read back the persistent sessions saved before a restart, with their saved lanes
+        (unreadable records are skipped with a warning)."""
+        out = []
+        for cid, raw in (await self.processor.kv_items(self.ctx, KV_SESSIONS)).items():
+            try:
+                s, lanes = Session.from_json(cid, raw)
+            except (ValueError, KeyError, TypeError, MQTTProtocolError):
+                log.warning("dropping unreadable MQTT session %r", cid)
+                continue
+            s.ctx = RequestContext(protocol="mqtt", client_id=cid)
+            self.sessions[cid] = s
+            out.append((s, lanes))
+        return out
+
+    async def save(self, s: Session) -> None:
+        """Write ``s``'s record (a persistent session still current only)."""
+        if s.persistent and self.sessions.get(s.client_id) is s:
+            await self.processor.kv_put(self.ctx, KV_SESSIONS, s.client_id, s.to_json())
+
+    async def delete(self, client_id: str) -> None:
+        await self.processor.kv_put(self.ctx, KV_SESSIONS, client_id, None)
+
+    def remove(self, s: Session) -> None:
+        """Take ``s`` out *now* (a CONNECT that replaces it must not find it any more)."""
+        if self.sessions.get(s.client_id) is s:
+            del self.sessions[s.client_id]
+        if s.expiry_handle is not None:
+            s.expiry_handle.cancel()
+            s.expiry_handle = None
+
+    @staticmethod
+    def arm_expiry(s: Session, expire: Callable[[Session], Any]) -> None:
+        """Call ``expire(s)`` when ``s`` has been offline for its expiry interval."""
+        if s.expiry_handle is not None:
+            s.expiry_handle.cancel()
+            s.expiry_handle = None
+        if s.conn is not None or s.expiry == SESSION_NEVER_EXPIRES:
+            return
+        left = s.disconnected_at / 1000 + s.expiry - time.time()
+        s.expiry_handle = asyncio.get_running_loop().call_later(max(left, 0), expire, s)
