@@ -287,3 +287,15 @@ def config_file(directory: Any, extra: str = "") -> str:
     path = Path(directory) / "unimq-mqtt.toml"
     path.write_text(extra + "\n" + SMALL_STORE)
     return str(path)
+
+
+async def in_process_processor(tmp_path: Any) -> Any:
+    """A started MessagingProcessor over a real small store in ``tmp_path`` (merged mode)."""
+    from core_broker.config import StoreConfig
+    from gateway.deployment import merged_processor
+
+    p = merged_processor(StoreConfig(data_dir=tmp_path, commitlog_segment_size=16 << 20,
+                                     cq_entries_per_file=10_000, index_slots=1000, index_entries_per_file=4000,
+                                     disk_min_free_ratio=0.0, disk_refuse_free_ratio=0.0))
+    await p.start()
+    return p

@@ -62,12 +62,17 @@ class Connection:
     time; consecutive PUBLISH packets are stored as one batch.
     """
 
+    # Slots: ten thousand idle connections must stay small (no per-instance dict).
+    __slots__ = ("broker", "config", "counters", "delivery", "transport", "peer", "decoder", "version",
+                 "session", "will", "publish_will", "proto", "closed", "connected", "writable", "window",
+                 "problem_info", "keepalive", "last_rx", "alias_in", "alias_out", "alias_out_max", "max_out_packet",
+                 "inbox", "_worker", "_wbuf", "_wsize", "_flush_scheduled", "_paused", "_freed", "_timer", "loop")
+
     def __init__(self, broker: MQTTBroker, transport: Any, peer: str) -> None:
         self.broker = broker
         self.config: MQTTConfig = broker.config
         self.counters = broker.counters
-        self._wake = broker.delivery.wake  # bound once: called per batch of acknowledgements
-        self._acked = broker.delivery.acked  # ... and per acknowledgement
+        self.delivery = broker.delivery
         self.transport = transport
         self.peer = peer
         self.decoder = Decoder(max_packet_size=broker.config.max_packet_size)
@@ -136,7 +141,7 @@ class Connection:
                     if self._freed and i == n and err is None:
                         self._freed = False
                         if not self.closed:
-                            self._wake(self.session)
+                            self.delivery.wake(self.session)
                     pkts = pkts[i:]
             if pkts:
                 self.inbox.extend(pkts)
@@ -167,7 +172,7 @@ class Connection:
         self.writable = True
         s = self.session
         if s is not None:
-            self._wake(s)
+            self.delivery.wake(s)
             self.broker.shared.wake_session(s)
 
     # -- writing
@@ -269,7 +274,7 @@ class Connection:
             if qos and self.session is not None:
                 f = self.session.inflight.pop(pid, None)
                 if f is not None:
-                    self._acked(self.session, f)
+                    self.delivery.acked(self.session, f)
             return
         self.send(data)
 
@@ -336,7 +341,7 @@ class Connection:
             if self._freed:
                 self._freed = False
                 if self.session is not None and not self.closed:
-                    self._wake(self.session)
+                    self.delivery.wake(self.session)
         except MQTTProtocolError as e:
             self._protocol_error(e)
         except asyncio.CancelledError:
@@ -392,10 +397,10 @@ class Connection:
                     s.pubrel.add(pkt.packet_id)
                     if s.persistent:  # the PUBREL to send outlives a restart (see session.py)
                         await b.session_store.save(s)
-                    self._acked(s, f)
+                    self.delivery.acked(s, f)
                     self.send(encode(C.PubRel(pkt.packet_id), self.version))
                 else:
-                    self._acked(s, f)
+                    self.delivery.acked(s, f)
                     self._freed = True
             elif pkt.packet_id in s.pubrel:
                 self.send(encode(C.PubRel(pkt.packet_id), self.version))
@@ -430,7 +435,7 @@ class Connection:
         s = self.session
         assert s is not None
         inflight = s.inflight
-        acked = self._acked
+        acked = self.delivery.acked
         freed = False
         done = 0
         for hi, lo in zip(data[2::4], data[3::4]):
@@ -444,7 +449,7 @@ class Connection:
                 freed = True
             done += 4
         if freed and not self.closed:
-            self._wake(s)
+            self.delivery.wake(s)
         return done
 
     def _on_puback(self, pkt: C.PubAck) -> None:
@@ -454,7 +459,7 @@ class Connection:
         f = s.inflight.get(pkt.packet_id)
         if f is not None and f.qos == 1:
             del s.inflight[pkt.packet_id]
-            self._acked(s, f)
+            self.delivery.acked(s, f)
             self._freed = True  # the pump is woken once the inbox is drained
 
     async def _on_disconnect(self, pkt: C.Disconnect) -> None:

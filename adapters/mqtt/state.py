@@ -61,9 +61,9 @@ TRANSITIONS: dict[tuple[State, object], State] = {
 #: States in which arriving packets are dropped unhandled (the connection is going away).
 IGNORED = frozenset({_DISC, _CLOSED})
 
-_NAMES = {v: k for k, v in vars(C).items() if k.isupper() and isinstance(v, int) and 1 <= v <= 15
-          and k in ("CONNECT", "CONNACK", "PUBLISH", "PUBACK", "PUBREC", "PUBREL", "PUBCOMP", "SUBSCRIBE",
-                    "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ", "PINGRESP", "DISCONNECT", "AUTH")}
+_NAMES = {C.CONNECT: "CONNECT", C.PUBLISH: "PUBLISH", C.PUBACK: "PUBACK", C.PUBREC: "PUBREC", C.PUBREL: "PUBREL",
+          C.PUBCOMP: "PUBCOMP", C.SUBSCRIBE: "SUBSCRIBE", C.UNSUBSCRIBE: "UNSUBSCRIBE", C.PINGREQ: "PINGREQ",
+          C.DISCONNECT: "DISCONNECT", C.AUTH: "AUTH"}
 
 
 class ConnectionState:
