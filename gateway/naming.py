@@ -10,6 +10,8 @@ and Spark must agree on how. The rules (README, "One model, many protocols"):
 - AMQP ``amq.topic`` routing key ``a.b.c`` is the MQTT topic ``a/b/c``
   (RabbitMQ's MQTT-plugin convention: ``.`` and ``/`` swap), so both doors write
   and read one stream.
+- MQTT topic filters (``+`` one level, ``#`` the rest) are the pattern syntax for
+  MQTT topics wherever they are matched (subscriptions, ACL rules).
 
 Standard library only: Spark executors and every door import it.
 """
@@ -26,6 +28,7 @@ __all__ = [
     "unified_topic_of_mqtt",
     "mqtt_topic_of_routing_key",
     "routing_key_of_mqtt_topic",
+    "mqtt_filter_matches",
 ]
 
 #: The full MQTT topic of a message (written by the MQTT door, AMQP ``amq.topic``, ...):
@@ -63,3 +66,25 @@ def mqtt_topic_of_routing_key(routing_key: str) -> str:
 def routing_key_of_mqtt_topic(mqtt_topic: str) -> str:
     """MQTT topic -> ``amq.topic`` routing key (the inverse of :func:`mqtt_topic_of_routing_key`)."""
     return mqtt_topic.translate(_SWAP)
+
+
+def mqtt_filter_matches(flt: str, topic: str) -> bool:
+    """Does MQTT topic filter ``flt`` (``+`` one level, ``#`` the rest) match topic name ``topic``?
+
+    A filter starting with a wildcard does not match a topic starting with ``$``
+    (MQTT 4.7.2). One filter against one topic: retained lookups, ACL rules; the
+    MQTT door's routing matches many filters at once with its trie."""
+    if flt == topic:
+        return True
+    if topic.startswith("$") and flt[:1] in ("+", "#"):
+        return False
+    fl = flt.split("/")
+    tl = topic.split("/")
+    for i, f in enumerate(fl):
+        if f == "#":
+            return True
+        if i >= len(tl):
+            return False
+        if f != "+" and f != tl[i]:
+            return False
+    return len(fl) == len(tl)

@@ -9,11 +9,14 @@ import hashlib
 import pytest
 
 from adapters.mqtt import codec as C
-from adapters.mqtt.acl import READ, WRITE, AccessControl, Acl
+from adapters.mqtt.acl import AccessControl
 from adapters.mqtt.mapping import message_properties, now_ms, outgoing_from_stored, v5_props_of
 from adapters.mqtt.passwords import Credentials
 from adapters.mqtt.session import SESSION_NEVER_EXPIRES, Session
 from adapters.mqtt.wills import Wills
+from gateway.context import RequestContext
+from gateway.topic_acl import READ, WRITE, AclRules, TopicAclAuthorizer
+from mqtt_fixtures import in_process_processor
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -32,24 +35,30 @@ def test_publish_properties_round_trip():
     assert outgoing_from_stored({}, b"x", "fallback").qos == 1  # another door's message: QoS 1
 
 
-def test_access_control_without_a_file_allows_everything():
-    ac = AccessControl(None)
+def test_access_control_not_enforced_allows_everything_and_asks_nothing():
+    ac = AccessControl(None, enforced=False)  # type: ignore[arg-type] - never asked
     s = Session("c")
-    assert ac.can_read(s, "x") and ac.can_write(s, "x") and ac.can_subscribe(s, "#")
+    assert ac.can_read(s, "x") and ac.can_write(s, "x") and ac.can_subscribe(s, "#") and not s.acl_write
 
 
-def test_access_control_follows_the_login_and_caches_publish_rights():
-    acl = Acl()
+async def test_access_control_asks_the_processor_as_the_login(tmp_path):
+    acl = AclRules()
     acl.users["alice"] = [(READ | WRITE, "alice/#"), (READ, "news/#")]
     acl.patterns.append((READ, "dev/%c/#"))
-    ac = AccessControl(acl)
-    s = Session("c1")
-    assert not ac.can_write(s, "alice/x")  # anonymous: no rule
-    assert ac.login(s, "alice") and not ac.login(s, "alice")
-    assert ac.can_write(s, "alice/x") and s.acl_write == {"alice/x": True}
-    assert not ac.can_write(s, "news/x") and ac.can_read(s, "news/x") and ac.can_read(s, "dev/c1/y")
-    assert ac.can_subscribe(s, "news/+") and not ac.can_subscribe(s, "#")
-    assert ac.login(s, None) and s.acl_write == {}
+    p = await in_process_processor(tmp_path)
+    p.set_authorizer(TopicAclAuthorizer(acl))
+    try:
+        ac = AccessControl(p, enforced=True)
+        s = Session("c1")
+        s.ctx = RequestContext(protocol="mqtt", client_id="c1")
+        assert not ac.can_write(s, "alice/x")  # anonymous: no rule
+        assert ac.login(s, "alice") and not ac.login(s, "alice") and s.acl_write == {}
+        s.ctx = RequestContext(protocol="mqtt", client_id="c1", principal="alice")
+        assert ac.can_write(s, "alice/x") and s.acl_write == {"alice/x": True}
+        assert not ac.can_write(s, "news/x") and ac.can_read(s, "news/x") and ac.can_read(s, "dev/c1/y")
+        assert ac.can_subscribe(s, "news/+") and not ac.can_subscribe(s, "#")
+    finally:
+        await p.stop()
 
 
 def test_credentials_plain_and_mosquitto_hashes():

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.mqtt.acl import AccessControl, Acl, READ
+from adapters.mqtt.acl import AccessControl
 from adapters.mqtt.routing import LMQ_PREFIX, Routing
 from adapters.mqtt.session import Session, Subscription
+from gateway.context import RequestContext
+from gateway.topic_acl import READ, AclRules, TopicAclAuthorizer
+from mqtt_fixtures import in_process_processor
+
+pytestmark = pytest.mark.timeout(60)
 
 
-def routing(acl: Acl | None = None) -> tuple[Routing, list[str]]:
+def routing(processor=None) -> tuple[Routing, list[str]]:
     made: list[str] = []
 
     async def ensure_lmq(name: str) -> None:  # what the door asks the processor for
         made.append(name)
 
-    return Routing(AccessControl(acl), ensure_lmq), made
+    return Routing(AccessControl(processor, enforced=processor is not None), ensure_lmq), made
 
 
 def sub(r: Routing, s: Session, flt: str, qos: int, **kw) -> Subscription:
@@ -77,14 +82,20 @@ async def test_no_local_and_shared_groups_are_not_cached():
     assert r.unindex(b, g) == plan.targets[0].topic  # the last member leaves: the group's LMQ goes
 
 
-async def test_read_rights_are_decided_when_the_plan_is_built():
-    acl = Acl()
+async def test_read_rights_are_decided_when_the_plan_is_built(tmp_path):
+    acl = AclRules()
     acl.anonymous.append((READ, "open/#"))
-    r, _ = routing(acl)
-    a = Session("a")
-    sub(r, a, "#", 1)
-    assert (await r.plan("open/x", 1, "p")).targets
-    assert not (await r.plan("closed/x", 1, "p")).targets
+    p = await in_process_processor(tmp_path)
+    p.set_authorizer(TopicAclAuthorizer(acl))
+    try:
+        r, _ = routing(p)
+        a = Session("a")
+        a.ctx = RequestContext(protocol="mqtt", client_id="a")
+        sub(r, a, "#", 1)
+        assert (await r.plan("open/x", 1, "p")).targets
+        assert not (await r.plan("closed/x", 1, "p")).targets
+    finally:
+        await p.stop()
 
 
 def test_subscription_identifiers_of_every_matching_subscription():

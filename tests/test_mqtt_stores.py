@@ -68,6 +68,7 @@ async def test_persistent_session_round_trip(processor) -> None:
     assert back.sessions == {"dev-1": t}
     assert (t.version, t.expiry, t.lmq_seq, t.username) == (C.MQTT_5, 3600, 1, "alice")
     assert t.qos2_in == {3, 9} and t.pubrel == {5} and t.ctx.client_id == "dev-1"
+    assert t.ctx.principal == "alice"  # its topic rights while away are its user's
     assert set(t.subs) == {"cmd/dev-1/#", "$share/workers/jobs/#"}
     assert t.subs["cmd/dev-1/#"].lmq == "%LMQ%mqtt/dev-1/1" and t.subs["cmd/dev-1/#"].sub_id == 4
     assert t.subs["$share/workers/jobs/#"].group == "workers" and lanes == {}

@@ -35,10 +35,12 @@ from typing import Any, Awaitable, Coroutine, Sequence
 from core_broker.errors import MessageTooLargeError, StoreFullError, UnimqError
 from core_broker.model import DispatchTarget, Message
 from gateway.api import MessagingAPI
+from gateway.auth import AllOf, Authorizer
 from gateway.context import RequestContext
+from gateway.topic_acl import TopicAclAuthorizer
 
 from . import codec as C
-from .acl import AccessControl, load_acl_file
+from .acl import AccessControl
 from .codec import MQTTProtocolError, encode
 from .config import MQTTConfig
 from .connection import Connection
@@ -90,7 +92,10 @@ class MQTTBroker:
         self.ctx = RequestContext(protocol="mqtt", client_id="mqtt-door")
         self.counters = Counters()
         self.credentials = Credentials(cfg.users, cfg.password_file)
-        self.access = AccessControl(load_acl_file(cfg.acl_file) if cfg.acl_file else None)
+        # a Mosquitto ACL file: its rules join the processor's authorizer while the door runs
+        self.topic_acl = TopicAclAuthorizer.from_file(cfg.acl_file) if cfg.acl_file else None
+        self._outer_authorizer: Authorizer | None = None
+        self.access = AccessControl(processor, enforced=self.topic_acl is not None)
         self.session_store = SessionStore(processor, self.ctx)
         self.sessions: dict[str, Session] = self.session_store.sessions
         self.retained = RetainedStore(processor, self.ctx)
@@ -109,6 +114,10 @@ class MQTTBroker:
     # -- lifecycle
 
     async def start(self) -> None:
+        if self.topic_acl is not None:
+            # MessagingProcessor's installed authorizer (MessagingAPI declares only the setter)
+            self._outer_authorizer = self.processor.authorizer  # type: ignore[attr-defined]
+            self.processor.set_authorizer(AllOf(self._outer_authorizer, self.topic_acl))
         await self._load()
         self.delivery.start()
         self.sys.start()
@@ -130,6 +139,9 @@ class MQTTBroker:
         await self.delivery.commit_offsets()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+        if self._outer_authorizer is not None:
+            self.processor.set_authorizer(self._outer_authorizer)
+            self._outer_authorizer = None
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         t = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
@@ -410,7 +422,7 @@ class MQTTBroker:
         targets: list[DispatchTarget] = []
         lmq_subs: list[tuple[Subscription, DispatchTarget]] = []
         direct: list[Subscription] = []
-        access = self.access if self.access.acl is not None else None
+        access = self.access if self.access.enforced else None
         for sub in subs:
             if access is not None and not access.can_read(sub.session, topic):
                 continue
@@ -518,7 +530,7 @@ class MQTTBroker:
             self.sessions[cid] = s
         s.expiry = expiry
         s.ctx = RequestContext(protocol="mqtt", client_id=cid, remote_address=conn.peer, principal=pkt.username)
-        if self.access.login(s, pkt.username) and self.access.acl is not None and s.subs:
+        if self.access.login(s, pkt.username) and self.access.enforced and s.subs:
             self.routing.changed()  # dispatch plans decided what this session may read
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()

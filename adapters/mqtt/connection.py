@@ -490,7 +490,7 @@ class Connection:
         self.proto.receive(C.PUBLISH)  # once per batch: every packet in it is a PUBLISH
         self.counters.pub_in += len(batch)
         access = broker.access
-        acl = access.acl
+        acl = access.enforced
         denied: list[bool] | None = None  # per item, once the ACL file refused one
         # Every per-packet rule is judged per packet, as if each had arrived alone: the QoS 2
         # ids this batch adds count against Receive Maximum, and a packet that breaks a rule
@@ -533,7 +533,7 @@ class Connection:
                     err = MQTTProtocolError(C.RC_RECEIVE_MAX_EXCEEDED, "receive maximum exceeded")
                     break
                 q2_new.add(pid)
-            if acl is not None and not access.can_write(s, p.topic):
+            if acl and not access.can_write(s, p.topic):
                 if denied is None:
                     denied = [False] * len(items)
                 denied.append(True)

@@ -188,7 +188,7 @@ class Routing:
         direct: list[Subscription] = []
         wake_groups: list[SharedGroup] = []
         cacheable = not groups
-        access = self.access if self.access.acl is not None else None
+        access = self.access if self.access.enforced else None
         for sub in subs:
             if access is not None and not access.can_read(sub.session, topic):
                 continue

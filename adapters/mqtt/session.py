@@ -84,7 +84,7 @@ class Session:
     __slots__ = (
         "client_id", "version", "expiry", "subs", "lmq_seq", "conn", "cursors", "pending",
         "inflight", "pubrel", "qos2_in", "next_pid", "pumping", "disconnected_at", "expiry_handle",
-        "will_handle", "dirty", "has_sub_ids", "ctx", "runs", "username", "acl_rules", "acl_write",
+        "will_handle", "dirty", "has_sub_ids", "ctx", "runs", "username", "acl_write",
     )
 
     def __init__(self, client_id: str, version: int = MQTT_311, expiry: int = 0) -> None:
@@ -111,8 +111,7 @@ class Session:
         # the order they were stored in across brokers, so a read-back interleaves the lanes
         # the same way. Only for an LMQ with more than one lane (never in merged mode).
         self.runs: dict[str, LaneRuns[str]] = {}
-        self.username: str | None = None  # from the last CONNECT: what an ACL file's rules name
-        self.acl_rules: list[tuple[int, str]] | None = None  # this client's ACL rules (acl.py), when a file is set
+        self.username: str | None = None  # from the last CONNECT: its identity for topic rights (acl.py)
         self.acl_write: dict[str, bool] = {}  # topic -> may publish (cached ACL decisions)
 
     @property

@@ -45,7 +45,8 @@ class SessionStore:
             except (ValueError, KeyError, TypeError, MQTTProtocolError):
                 log.warning("dropping unreadable MQTT session %r", cid)
                 continue
-            s.ctx = RequestContext(protocol="mqtt", client_id=cid)
+            # its identity as last seen: what its subscriptions may read while it is away
+            s.ctx = RequestContext(protocol="mqtt", client_id=cid, principal=s.username)
             self.sessions[cid] = s
             out.append((s, lanes))
         return out

@@ -18,7 +18,7 @@ import hashlib
 import re
 from typing import Any, Iterator
 
-from gateway.naming import MQTT_OTHER_TOPIC, unified_topic_of_mqtt
+from gateway.naming import MQTT_OTHER_TOPIC, mqtt_filter_matches, unified_topic_of_mqtt
 
 from .codec import RC_TOPIC_FILTER_INVALID, MQTTProtocolError
 
@@ -35,6 +35,7 @@ __all__ = [
 # these names for the door's callers.
 OTHER_TOPIC = MQTT_OTHER_TOPIC
 unified_topic = unified_topic_of_mqtt
+filter_matches = mqtt_filter_matches
 
 
 def validate_filter(f: str) -> None:
@@ -62,24 +63,6 @@ def parse_shared(f: str) -> tuple[str | None, str]:
         raise MQTTProtocolError(RC_TOPIC_FILTER_INVALID, f"invalid shared subscription {f!r}")
     validate_filter(flt)
     return group, flt
-
-
-def filter_matches(flt: str, topic: str) -> bool:
-    """Does filter ``flt`` match topic name ``topic`` (for retained lookups and tests)."""
-    if flt == topic:
-        return True
-    if topic.startswith("$") and flt[:1] in ("+", "#"):
-        return False
-    fl = flt.split("/")
-    tl = topic.split("/")
-    for i, f in enumerate(fl):
-        if f == "#":
-            return True
-        if i >= len(tl):
-            return False
-        if f != "+" and f != tl[i]:
-            return False
-    return len(fl) == len(tl)
 
 
 _SAFE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
