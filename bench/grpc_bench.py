@@ -50,8 +50,7 @@ class _Server:
     """A `unimq up` child on ephemeral ports; ``port`` is its gRPC door."""
 
     def __init__(self, data_dir: Path) -> None:
-        script = Path(sys.executable).with_name("unimq")
-        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+        cmd = [sys.executable, "-m", "unimq"]
         cmd += ["up", "--data-dir", str(data_dir / "data"), "--host", "127.0.0.1", "--log-level", "warning"]
         for flag in ("--mqtt-port", "--amqp-port", "--http-port", "--grpc-port", "--namesrv-port"):
             cmd += [flag, "0"]

@@ -158,8 +158,7 @@ disk_refuse_free_ratio = 0.0
 
 
 def start_unimq(data_dir: Path) -> tuple[subprocess.Popen[str], int]:
-    exe = Path(sys.executable).parent / "unimq"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
+    cmd = [sys.executable, "-m", "unimq"]
     data_dir.mkdir(parents=True, exist_ok=True)
     cfg = data_dir.parent / "unimq-http-bench.toml"
     cfg.write_text(UNIMQ_CONFIG)

@@ -186,7 +186,7 @@ def run(ctx: Context) -> list[Row]:
     rows.append(overhead_row(f"pop({BATCH}) + ack_batch, merged", m["proc_popack_batch"], m["store_get"], False))
 
     # separated: nameserver + 2 brokers + 2 gateways as processes
-    from gateway.local_cluster import Cluster
+    from unimq.local_cluster import Cluster
 
     root = Path(tempfile.mkdtemp(dir=ctx.data_dir, prefix="cluster-"))
     cluster = Cluster(root, brokers=2, gateways=2).start()

@@ -95,8 +95,7 @@ class UnimqChild:
 
     def __init__(self, base: Path, door: str, flush: str = "async", config: str | None = None,
                  host: str = "127.0.0.1") -> None:
-        exe = Path(sys.executable).with_name("unimq")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
+        cmd = [sys.executable, "-m", "unimq"]
         cmd += ["up", "--data-dir", str(base / "data"), "--host", host, "--flush", flush, "--log-level", "warning"]
         for flag in ("--mqtt-port", "--amqp-port", "--http-port", "--grpc-port", "--namesrv-port"):
             cmd += [flag, "0"]

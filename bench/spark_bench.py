@@ -58,7 +58,7 @@ JSON_SCHEMA = (
 def _start_unimq(scratch: Path) -> tuple[subprocess.Popen, int]:
     cfg = scratch / "unimq.toml"
     cfg.write_text(STORE_TOML)
-    cmd = [sys.executable, "-m", "gateway.cli", "up", "--config", str(cfg), "--data-dir", str(scratch / "data"),
+    cmd = [sys.executable, "-m", "unimq", "up", "--config", str(cfg), "--data-dir", str(scratch / "data"),
            "--host", "127.0.0.1", "--log-level", "warning"]
     for flag in ("--mqtt-port", "--amqp-port", "--http-port", "--grpc-port", "--namesrv-port"):
         cmd += [flag, "0"]

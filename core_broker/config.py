@@ -1,6 +1,6 @@
 """Store configuration: every knob of the broker core in one dataclass.
 
-The gateway's settings (``gateway/settings.py``) embed this dataclass, so the
+The application's settings (``unimq/settings.py``) embed this dataclass, so the
 TOML file and the CLI flags reach the store without the core importing any
 layer above it. Defaults run out of the box; tests shrink the sizes.
 """

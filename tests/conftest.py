@@ -77,11 +77,12 @@ class UnimqProcess:
 
 
 def _unimq_command() -> list[str]:
-    """The installed `unimq` script next to this interpreter if present, else `python -m gateway.cli`."""
-    script = Path(sys.executable).with_name("unimq")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "gateway.cli"]
+    """`python -m unimq` with this interpreter: the `unimq` script's own code (``unimq.cli:main``).
+
+    Not the installed script: a venv installed before the command moved packages
+    keeps a script naming the old module until it is reinstalled.
+    """
+    return [sys.executable, "-m", "unimq"]
 
 
 @pytest.fixture

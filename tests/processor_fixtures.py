@@ -174,7 +174,7 @@ class SeparatedDeployment:
     def _configs(self, root: Path) -> tuple[Path, Path, Any]:
         import dataclasses
 
-        from gateway.local_cluster import write_toml
+        from unimq.local_cluster import write_toml
 
         sc = store_config(root, **self.options.get("store", {}))
         bc = broker_config(**self.options.get("broker", {}))
@@ -195,7 +195,7 @@ class SeparatedDeployment:
         import tempfile
 
         from gateway.processor_rpc import RemoteProcessor
-        from gateway.local_cluster import Cluster
+        from unimq.local_cluster import Cluster
 
         self.key = json.dumps(self.options, sort_keys=True, default=str)
         cluster = self.clusters.get(self.key)

@@ -66,8 +66,7 @@ def start_server(tmp: Path, store: dict | None = None, timeout: float = 120.0) -
     data = tmp / "data"
     cfg = tmp / "unimq.toml"
     cfg.write_text("[store]\n" + "".join(f"{k} = {v!r}\n" for k, v in {**TEST_STORE, **(store or {})}.items()))
-    script = Path(sys.executable).with_name("unimq")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+    cmd = [sys.executable, "-m", "unimq"]
     cmd += ["up", "--config", str(cfg), "--data-dir", str(data), "--host", "127.0.0.1", "--log-level", "warning"]
     for flag in ("--mqtt-port", "--amqp-port", "--http-port", "--grpc-port", "--namesrv-port"):
         cmd += [flag, "0"]

@@ -55,8 +55,7 @@ class Server:
 
 def start_unimq(data_dir: Path, log_dir: Path, *extra: str, timeout: float = 60.0) -> Server:
     """`unimq up` on ephemeral ports, like conftest's fixture; returns once it printed ready."""
-    exe = Path(sys.executable).with_name("unimq")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
+    cmd = [sys.executable, "-m", "unimq"]
     cfg = log_dir / "unimq.toml"  # small commitlog segments: these tests store little
     cfg.write_text("[store]\ncommitlog_segment_size = 67108864\n"
                    "disk_refuse_free_ratio = 0.0\ndisk_min_free_ratio = 0.0\n")

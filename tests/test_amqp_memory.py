@@ -16,7 +16,7 @@ import pytest
 
 from adapters.amqp import broker as amqp_broker
 from adapters.amqp.connection import AmqpConnection
-from gateway.settings import load_settings
+from unimq.settings import load_settings
 from processor_fixtures import processor, processor_options  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.timeout(120)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from core_broker.config import FlushMode, StoreConfig
-from gateway.settings import TopicDecl, TopicType, UnimqSettings, load_settings
+from unimq.settings import TopicDecl, TopicType, UnimqSettings, load_settings
 
 from conftest import REPO_ROOT, UnimqProcess, _unimq_command
 
@@ -197,7 +197,7 @@ def test_up_with_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
 
 
 def test_main_is_importable_in_process() -> None:
-    from gateway.cli import main
+    from unimq.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(["up", "--http-port", "99999"])
@@ -284,9 +284,9 @@ def test_port_in_use_fails_with_a_clear_error(tmp_path: Path) -> None:
     assert not _abort_marker(tmp_path / "d").exists(), "a failed start still shuts the store down cleanly"
 
 
-def test_python_dash_m_gateway_cli_works() -> None:
+def test_python_dash_m_unimq_works() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "unimq", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and "up" in result.stdout
 
@@ -298,7 +298,7 @@ async def test_healthz_is_503_until_ready_and_again_when_stopping() -> None:
     import httpx
 
     from adapters.cloudevents.http_app import create_app
-    from gateway.server import ServerState
+    from gateway.door import ServerState
 
     state = ServerState(settings=UnimqSettings())
     transport = httpx.ASGITransport(app=create_app(state))
@@ -318,7 +318,7 @@ async def test_run_in_process_with_ready_and_stop_events(tmp_path: Path, capsys:
 
     import httpx
 
-    from gateway.server import run
+    from unimq.process import run
 
     overrides = {f"{door}_port": 0 for door in ("mqtt", "amqp", "http", "grpc", "namesrv")}
     settings = load_settings(None, {**overrides, "data_dir": tmp_path / "d", "flush": "sync"})

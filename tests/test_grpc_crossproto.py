@@ -22,8 +22,8 @@ from gateway.context import RequestContext
 from gateway.deployment import merged_processor
 from gateway.grpc import GrpcDoor
 from gateway.processor import ProcessorConfig
-from gateway.server import ServerState
-from gateway.settings import UnimqSettings
+from gateway.door import ServerState
+from unimq.settings import UnimqSettings
 from grpc_helpers import message, producer, receive_until, simple_consumer, started
 
 pytestmark = pytest.mark.timeout(90)

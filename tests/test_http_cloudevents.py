@@ -162,8 +162,9 @@ async def test_messages_from_other_doors_are_valid_cloudevents(tmp_path: Path) -
     from gateway.context import RequestContext
     from gateway.deployment import merged_processor
     from gateway.processor import ProcessorConfig
-    from gateway.server import HttpDoor, ServerState
-    from gateway.settings import load_settings
+    from adapters.cloudevents.server import HttpDoor
+    from gateway.door import ServerState
+    from unimq.settings import load_settings
 
     settings = load_settings(None, {"http_port": 0, "data_dir": tmp_path / "d", "store.commitlog_segment_size": 1 << 24,
                                     "store.disk_min_free_ratio": 0.0, "store.disk_refuse_free_ratio": 0.0})

@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from gateway.context import RequestContext
-from gateway.local_cluster import Cluster, write_toml
+from unimq.local_cluster import Cluster, write_toml
 from gateway.processor_rpc import RemoteProcessor
 from mqtt_fixtures import Paho
 

@@ -12,7 +12,7 @@ from core_broker.remoting.client import RpcClient
 from gateway.context import RequestContext
 from gateway.processor_rpc import RemoteProcessor
 from nameserver.client import NameserverClient, parse_addresses
-from gateway.local_cluster import Cluster
+from unimq.local_cluster import Cluster
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 

@@ -536,7 +536,7 @@ def test_unimq_demo_feeds_all_three_doors(server, http):
     missing = [d for d in ("mqtt", "amqp") if d not in server.ports]
     if missing:
         pytest.skip(f"unimq up announced no {', '.join(missing)} door: {server.lines}")
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "demo", "--http-port", str(server.ports["http"]),
+    r = subprocess.run([sys.executable, "-m", "unimq", "demo", "--http-port", str(server.ports["http"]),
                         "--mqtt-port", str(server.ports["mqtt"]), "--amqp-port", str(server.ports["amqp"]),
                         "--seconds", "3", "--devices", "2", "--rate", "5"],
                        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)

@@ -2,7 +2,7 @@
 
 Why so little here: framing lives in the sans-io ``codec``, protocol
 semantics in ``connection`` and ``broker``; this module only binds the
-socket (``gateway.server.bind_socket``, so port 0 reports the real port),
+socket (``gateway.door.bind_socket``, so port 0 reports the real port),
 creates one :class:`~adapters.amqp.connection.AmqpConnection` per client,
 watches the data disk for RabbitMQ's Connection.Blocked alarm, and on stop
 closes every connection with 320 CONNECTION_FORCED after handing their
@@ -45,7 +45,7 @@ class AmqpDoor:
         return st.f_bavail / st.f_blocks if st.f_blocks else 1.0
 
     async def start(self) -> tuple[str, int]:
-        from gateway.server import bind_socket
+        from gateway.door import bind_socket
 
         settings = self._state.settings
         self.broker = AmqpBroker(self._state.processor, settings)

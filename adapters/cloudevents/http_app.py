@@ -3,7 +3,7 @@
 Why a factory taking the server's state: the app must answer ``/healthz``
 truthfully while the process is starting, serving and stopping, and its
 routes need the MessagingProcessor; both live on the state object that
-``gateway.server`` owns, so the app keeps no globals and tests can build one
+the process (``unimq``) owns, so the app keeps no globals and tests can build one
 app per server.
 
 Why the hot routes take the raw ``Request`` instead of pydantic bodies: the
@@ -56,8 +56,8 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import UnimqCollector
 from .push import PushManager
 
-if TYPE_CHECKING:  # imported for type hints only: gateway.server imports this module
-    from gateway.server import ServerState
+if TYPE_CHECKING:  # imported for type hints only
+    from gateway.door import ServerState
 
 log = logging.getLogger("unimq.http")
 

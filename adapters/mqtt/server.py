@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import Any
 
-from gateway.server import bind_socket
+from gateway.door import bind_socket
 
 from .broker import Connection, MQTTBroker, MQTTConfig
 

@@ -105,7 +105,7 @@ def service_handler(service: MessagingService) -> grpc.GenericRpcHandler:
 
 
 class GrpcDoor:
-    """Door protocol (gateway.server): ``start() -> (host, port)``, ``stop()``."""
+    """Door protocol (gateway.door): ``start() -> (host, port)``, ``stop()``."""
 
     name = "grpc"
 

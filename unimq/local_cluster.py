@@ -1,7 +1,7 @@
 """A separated unimq deployment as real OS processes on 127.0.0.1.
 
 One nameserver, N brokers and M gateways, each started with the documented
-commands (`python -m gateway.cli nameserver|broker|gateway`) on free ports and
+commands (`python -m unimq nameserver|broker|gateway`) on free ports and
 each stopped by its own PID. The separated test suite and the benchmark use
 it; it is also a quick way to try the separated shape on one machine.
 """
@@ -47,7 +47,7 @@ class Proc:
 def start_proc(name: str, args: list[str], timeout: float = 60.0) -> Proc:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     popen = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", *args, "--log-level", "warning"],
+        [sys.executable, "-m", "unimq", *args, "--log-level", "warning"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     proc = Proc(name, args, popen)

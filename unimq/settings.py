@@ -1,10 +1,16 @@
-"""unimq's settings: one dataclass for everything `unimq up` can be told.
+"""unimq's settings: one dataclass for everything a unimq process can be told.
 
 Why one object: the CLI flags, the TOML config file and the tests all need to
-describe the same server, and every door (HTTP, MQTT, AMQP, gRPC, nameserver)
-reads its knobs from here. The store's own knobs live in
-``core_broker.config.StoreConfig`` (the core must not import the gateway), and
-are embedded here as ``store`` so one file configures the whole process.
+describe the same server. Each door declares its own knobs once, in its own
+package, as a dataclass over ``gateway.door.DoorSettings`` (``mqtt_*`` in
+``adapters/mqtt/settings.py``, ``amqp_*``, ``http_*``, ``grpc_*`` likewise);
+:class:`UnimqSettings` composes them with the process's own knobs. Composed by
+inheritance, not nesting, because the knobs' names are flat in the TOML file
+and on the command line (``mqtt_ws_port``), and a door reads the same names
+from whatever settings object it is handed. The store's and the broker's knobs
+live in ``core_broker.config`` (the core imports nothing above it) and are
+embedded as the ``[store]`` and ``[broker]`` tables, so one file configures the
+whole process.
 
 Precedence, lowest to highest: dataclass defaults, the TOML file, CLI flags.
 Unknown keys are errors, not warnings: a misspelt knob that silently does
@@ -38,8 +44,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from core_broker.config import BrokerConfig, FlushMode, StoreConfig
+from adapters.amqp.settings import AmqpSettings
+from adapters.cloudevents.settings import HttpSettings
+from adapters.mqtt.settings import MqttSettings
+from core_broker.config import BrokerConfig, StoreConfig
 from core_broker.model import MessageType
+from gateway.door import check_port
+from gateway.grpc.settings import GrpcSettings
+
+from .doors import DOOR_NAMES
+from .roles import ROLES
 
 __all__ = [
     "LOG_LEVELS",
@@ -77,16 +91,14 @@ class TopicDecl:
 
 
 @dataclass
-class UnimqSettings:
-    """Everything one unimq process is configured with (see README, "Configuration")."""
+class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
+    """Everything one unimq process is configured with (see README, "Configuration").
 
-    # Address every door binds to. Loopback by default so a fresh `unimq up` is not
-    # reachable from the network by accident; use "0.0.0.0" to serve other hosts.
-    host: str = "127.0.0.1"
-    mqtt_port: int = 1883
-    amqp_port: int = 5672
-    http_port: int = 8080
-    grpc_port: int = 8081
+    The doors' knobs are declared by the doors (the base classes, one per door, each
+    checking its own values); what is declared here belongs to the process: its role,
+    the nameserver and broker listeners, topics and logging.
+    """
+
     namesrv_port: int = 9876
     # Which protocol doors to start (all by default); an empty list runs the core alone.
     doors: list[str] = field(default_factory=lambda: list(DOOR_NAMES))
@@ -102,93 +114,17 @@ class UnimqSettings:
     # Broker heartbeat to nameservers, and the lease after which a silent broker is dropped.
     heartbeat_s: float = 30.0
     nameserver_lease_s: float = 120.0
-    store: StoreConfig = field(default_factory=StoreConfig)
-    # Consumption semantics: retries, dead letters, timers, transactions ([broker] table).
-    broker: BrokerConfig = field(default_factory=BrokerConfig)
     # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
     # Queues given to an auto-created topic, and to a declared topic that names none.
     default_queue_count: int = 8
     topics: list[TopicDecl] = field(default_factory=list)
     log_level: str = "info"
-    # MQTT door (adapters/mqtt). MQTT over WebSocket (subprotocol "mqtt") listens on its
-    # own port: 0 picks a free one, -1 turns it off; unset: 8083, or a free port when
-    # mqtt_port is 0 (so test servers on free ports never collide on 8083).
-    mqtt_ws_port: int | None = None
-    # Clients without a user name are accepted unless this is false.
-    mqtt_allow_anonymous: bool = True
-    # User name -> password accepted at CONNECT ([mqtt_users] table); empty: any user name.
-    mqtt_users: dict[str, str] = field(default_factory=dict)
-    # A Mosquitto password file (written by mosquitto_passwd; $7$ and $6$ hashes): its users
-    # are accepted too. Read at start.
-    mqtt_password_file: str = ""
-    # A Mosquitto ACL file (topic/user/pattern lines): clients get only the rights it grants.
-    mqtt_acl_file: str = ""
-    # Outbound QoS 1/2 messages in flight per client (v5: also capped by its Receive Maximum).
-    mqtt_max_inflight: int = 256
-    # Receive Maximum and Topic Alias Maximum announced to MQTT 5 clients.
-    mqtt_receive_maximum: int = 1024
-    mqtt_topic_alias_maximum: int = 64
-    # Largest MQTT packet accepted; unset: the store's max_message_size + 64 KiB.
-    mqtt_max_packet_size: int | None = None
-    # Impose this keepalive on MQTT 5 clients (Server Keep Alive); 0 accepts theirs.
-    mqtt_server_keepalive: int = 0
-    # Cap on MQTT clients' keepalive (Mosquitto's max_keepalive): more, or 0, gets the cap
-    # (v5: as Server Keep Alive); less keeps its own. 0: no cap.
-    mqtt_max_keepalive: int = 0
-    # Cap on an MQTT 5 session expiry interval, seconds (4294967295: never expires).
-    mqtt_max_session_expiry: int = 4294967295
-    # Bytes of just-stored QoS 1/2 messages the MQTT door keeps in memory for sessions that
-    # are behind (delivered without a read back from the store); past it they are pulled.
-    mqtt_mem_queue_bytes: int = 256 * 1024 * 1024
-    # Seconds between two rounds of Mosquitto-style $SYS/broker/... statistics; 0: off.
-    mqtt_sys_interval_s: float = 10.0
-    # MQTT over TLS: both PEM files given -> a TLS listener on mqtt_tls_port (unset: 8883,
-    # or a free port when mqtt_port is 0) beside the plain one, sharing its sessions.
-    mqtt_tls_cert: str = ""
-    mqtt_tls_key: str = ""
-    mqtt_tls_port: int | None = None
-    # gRPC door (RocketMQ 5 v2 protocol). TLS: both PEM files given -> the gRPC port
-    # serves TLS only; both empty -> plaintext (the official clients' default).
-    grpc_tls_cert: str = ""
-    grpc_tls_key: str = ""
-    # gRPC auth: access key -> secret key. Empty: every caller is accepted. Non-empty:
-    # each call's MQv2-HMAC-SHA1 signature must verify, else status UNAUTHORIZED.
-    # TOML: grpc_credentials = { "myAccessKey" = "mySecretKey" }
-    grpc_credentials: dict[str, str] = field(default_factory=dict)
-    # HTTP door: largest request body accepted (413 beyond it); a single message is
-    # further bounded by [store] max_message_size, a batch by its event count (1024).
-    http_max_body_bytes: int = 16 * 1024 * 1024
-    # HTTP door push subscriptions: hosts a sink URL may name (exact host names or
-    # addresses, "*" for any). Empty list = any host. Guards against sinks that point
-    # the gateway at internal services (SSRF).
-    http_push_allowed_hosts: list[str] = field(default_factory=list)
-    # HTTP door: store each CloudEvent's id as its message key, so GET
-    # /v1/topics/{topic}/events?id= (and query by key) finds it. Off by default: it
-    # costs a third or more of the server CPU of batched ingest (see README, HTTP section).
-    http_index_event_ids: bool = False
-    # AMQP 0-9-1 door (adapters/amqp). Users: name -> password, checked at PLAIN/AMQPLAIN
-    # login; TOML: amqp_users = { guest = "guest" }. Users in amqp_loopback_users may log
-    # in from loopback addresses only (RabbitMQ's rule for guest).
-    amqp_users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
-    amqp_loopback_users: list[str] = field(default_factory=lambda: ["guest"])
-    # Virtual hosts clients may open (every user may use every vhost).
-    amqp_vhosts: list[str] = field(default_factory=lambda: ["/"])
-    # Tune: heartbeat seconds proposed (0: off), largest frame, channels per connection.
-    amqp_heartbeat: int = 60
-    amqp_frame_max: int = 131072
-    amqp_channel_max: int = 2047
-    # A delivered, unacked message is hidden in the store for this long and the lease is
-    # renewed while its channel lives; after a crash it is redelivered within this time.
-    amqp_lease_ms: int = 60_000
 
     def __post_init__(self) -> None:
-        for name in PORT_FIELDS:
-            port = getattr(self, name)
-            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-                raise ValueError(f"{name} must be an integer in 0..65535 (0 picks a free port), got {port!r}")
-        if not isinstance(self.host, str) or not self.host:
-            raise ValueError(f"host must be a non-empty string, got {self.host!r}")
+        super().__post_init__()  # every door's own checks (and the host)
+        for name in ("namesrv_port", "broker_port", "rpc_port"):
+            check_port(name, getattr(self, name))
         if (
             isinstance(self.default_queue_count, bool)
             or not isinstance(self.default_queue_count, int)
@@ -198,65 +134,21 @@ class UnimqSettings:
         unknown = [d for d in self.doors if d not in DOOR_NAMES]
         if unknown:
             raise ValueError(f"doors: unknown door(s) {unknown}; known: {', '.join(DOOR_NAMES)}")
-        if self.role not in ("merged", "broker", "gateway", "nameserver"):
-            raise ValueError(f"role must be merged, broker, gateway or nameserver, got {self.role!r}")
-        if self.role in ("broker", "gateway") and not self.namesrv:
+        role = ROLES.get(self.role)
+        if role is None:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if role.needs_namesrv and not self.namesrv:
             raise ValueError(f"the {self.role} role needs nameserver addresses (namesrv = \"host:port\")")
-        if (
-            isinstance(self.http_max_body_bytes, bool)
-            or not isinstance(self.http_max_body_bytes, int)
-            or self.http_max_body_bytes < 1024
-        ):
-            raise ValueError(f"http_max_body_bytes must be an integer >= 1024, got {self.http_max_body_bytes!r}")
-        if not isinstance(self.http_push_allowed_hosts, list) or not all(
-            isinstance(h, str) and h for h in self.http_push_allowed_hosts
-        ):
-            raise ValueError(
-                f"http_push_allowed_hosts must be a list of host names, got {self.http_push_allowed_hosts!r}"
-            )
-        if not isinstance(self.amqp_users, dict) or not all(
-            isinstance(k, str) and k and isinstance(v, str) for k, v in self.amqp_users.items()
-        ):
-            raise ValueError(f"amqp_users must map user names to password strings, got {self.amqp_users!r}")
-        for name in ("amqp_loopback_users", "amqp_vhosts"):
-            v = getattr(self, name)
-            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-                raise ValueError(f"{name} must be a list of non-empty strings, got {v!r}")
-        for name, lo, hi in (("amqp_heartbeat", 0, 65535), ("amqp_frame_max", 4096, 1 << 24),
-                             ("amqp_channel_max", 1, 65535), ("amqp_lease_ms", 1000, 1 << 40)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
         level = str(self.log_level).lower()
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         self.log_level = level
-        for door in ("grpc", "mqtt"):
-            cert, key = f"{door}_tls_cert", f"{door}_tls_key"
-            if bool(getattr(self, cert)) != bool(getattr(self, key)):
-                raise ValueError(f"{cert} and {key} must be given together")
-            for name in (cert, key):
-                path = getattr(self, name)
-                if not isinstance(path, str):
-                    raise ValueError(f"{name} must be a path string, got {path!r}")
-                if path and not Path(path).expanduser().is_file():
-                    raise ValueError(f"{name}: {path} is not a readable file")
-        if not isinstance(self.grpc_credentials, dict) or not all(
-            isinstance(k, str) and k and isinstance(v, str) for k, v in self.grpc_credentials.items()
-        ):
-            raise ValueError("grpc_credentials must map non-empty access keys to secret key strings")
         seen: set[str] = set()
         for topic in self.topics:
             if topic.name in seen:
                 raise ValueError(f"topic {topic.name!r} is declared twice")
             seen.add(topic.name)
 
-
-#: The protocol doors `doors` may name.
-DOOR_NAMES = ("http", "grpc", "mqtt", "amqp")
-
-#: The settings that are TCP ports, one per door.
-PORT_FIELDS = ("mqtt_port", "amqp_port", "http_port", "grpc_port", "namesrv_port", "broker_port", "rpc_port")
 
 # Settings that are plain scalars (everything but the [store] table and [[topics]]).
 _SETTINGS_HINTS = typing.get_type_hints(UnimqSettings)

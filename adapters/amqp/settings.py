@@ -1,0 +1,51 @@
+"""The AMQP 0-9-1 door's knobs (``amqp_*``; README "AMQP door" and "Configuration"), declared once here.
+
+Why the ``amqp_`` prefix on every field: these are the names users write in the
+TOML file and in ``--set``, flat beside the other doors' knobs; the application's
+settings (``unimq/settings.py``) compose this dataclass with the other doors' ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.door import DoorSettings, check_port
+
+__all__ = ["AmqpSettings"]
+
+
+@dataclass
+class AmqpSettings(DoorSettings):
+    """The AMQP door's listener and knobs."""
+
+    amqp_port: int = 5672
+    # Users: name -> password, checked at PLAIN/AMQPLAIN login; TOML: amqp_users = { guest = "guest" }.
+    # Users in amqp_loopback_users may log in from loopback addresses only (RabbitMQ's rule for guest).
+    amqp_users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
+    amqp_loopback_users: list[str] = field(default_factory=lambda: ["guest"])
+    # Virtual hosts clients may open (every user may use every vhost).
+    amqp_vhosts: list[str] = field(default_factory=lambda: ["/"])
+    # Tune: heartbeat seconds proposed (0: off), largest frame, channels per connection.
+    amqp_heartbeat: int = 60
+    amqp_frame_max: int = 131072
+    amqp_channel_max: int = 2047
+    # A delivered, unacked message is hidden in the store for this long and the lease is
+    # renewed while its channel lives; after a crash it is redelivered within this time.
+    amqp_lease_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_port("amqp_port", self.amqp_port)
+        if not isinstance(self.amqp_users, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) for k, v in self.amqp_users.items()
+        ):
+            raise ValueError(f"amqp_users must map user names to password strings, got {self.amqp_users!r}")
+        for name in ("amqp_loopback_users", "amqp_vhosts"):
+            v = getattr(self, name)
+            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                raise ValueError(f"{name} must be a list of non-empty strings, got {v!r}")
+        for name, lo, hi in (("amqp_heartbeat", 0, 65535), ("amqp_frame_max", 4096, 1 << 24),
+                             ("amqp_channel_max", 1, 65535), ("amqp_lease_ms", 1000, 1 << 40)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {v!r}")

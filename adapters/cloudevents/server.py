@@ -1,0 +1,63 @@
+"""The HTTP door: the FastAPI app (``http_app``) served by uvicorn on the process's event loop.
+
+Why uvicorn embedded rather than run stand-alone: the door must share the
+loop, the signals and the shutdown order of the process that holds the store
+(see ``embedded_uvicorn``); and the socket is bound here (``bind_socket``), so
+port 0 reports the real port and a port in use is reported with its address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import uvicorn
+
+from gateway.door import ServerState, bind_socket
+
+from .embedded_uvicorn import EmbeddedUvicorn
+from .http_app import create_app
+
+__all__ = ["HttpDoor"]
+
+
+class HttpDoor:
+    """The HTTP door (``http_port``): CloudEvents, messages, admin, ``/healthz`` and ``/metrics``."""
+
+    name = "http"
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._server: EmbeddedUvicorn | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> tuple[str, int]:
+        settings = self._state.settings
+        sock = bind_socket(settings.host, settings.http_port)
+        config = uvicorn.Config(
+            create_app(self._state),
+            log_level="warning",
+            log_config=None,  # keep the process's logging setup (unimq.cli) instead of uvicorn's
+            lifespan="on",  # the app's lifespan starts and stops the HTTP door's push deliveries
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+        server = EmbeddedUvicorn(config)
+        self._server = server
+        self._task = asyncio.create_task(server.serve(sockets=[sock]), name="unimq-http")
+        while not server.started:
+            if self._task.done():
+                sock.close()
+                exc = self._task.exception() if not self._task.cancelled() else None
+                raise RuntimeError(f"http door failed to start: {exc!r}") from exc
+            await asyncio.sleep(0.01)
+        bound = sock.getsockname()
+        return bound[0], bound[1]
+
+    async def stop(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await self._task
+        except (asyncio.CancelledError, SystemExit):  # uvicorn may sys.exit on odd failures
+            pass

@@ -1,0 +1,48 @@
+"""The HTTP/CloudEvents door's knobs (``http_*``; README "HTTP door" and "Configuration"), declared once here.
+
+Why the ``http_`` prefix on every field: these are the names users write in the
+TOML file and in ``--set``, flat beside the other doors' knobs; the application's
+settings (``unimq/settings.py``) compose this dataclass with the other doors' ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.door import DoorSettings, check_port
+
+__all__ = ["HttpSettings"]
+
+
+@dataclass
+class HttpSettings(DoorSettings):
+    """The HTTP door's listener and knobs."""
+
+    http_port: int = 8080
+    # Largest request body accepted (413 beyond it); a single message is further bounded
+    # by [store] max_message_size, a batch by its event count (1024).
+    http_max_body_bytes: int = 16 * 1024 * 1024
+    # Push subscriptions: hosts a sink URL may name (exact host names or addresses, "*" for
+    # any). Empty list = any host. Guards against sinks that point the gateway at internal
+    # services (SSRF).
+    http_push_allowed_hosts: list[str] = field(default_factory=list)
+    # Store each CloudEvent's id as its message key, so GET /v1/topics/{topic}/events?id=
+    # (and query by key) finds it. Off by default: it costs a third or more of the server
+    # CPU of batched ingest (see README, HTTP section).
+    http_index_event_ids: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_port("http_port", self.http_port)
+        if (
+            isinstance(self.http_max_body_bytes, bool)
+            or not isinstance(self.http_max_body_bytes, int)
+            or self.http_max_body_bytes < 1024
+        ):
+            raise ValueError(f"http_max_body_bytes must be an integer >= 1024, got {self.http_max_body_bytes!r}")
+        if not isinstance(self.http_push_allowed_hosts, list) or not all(
+            isinstance(h, str) and h for h in self.http_push_allowed_hosts
+        ):
+            raise ValueError(
+                f"http_push_allowed_hosts must be a list of host names, got {self.http_push_allowed_hosts!r}"
+            )

@@ -1,0 +1,82 @@
+"""The MQTT door's knobs (``mqtt_*``; README "MQTT door" and "Configuration"), declared once here.
+
+Why the ``mqtt_`` prefix on every field: these are the names users write in the
+TOML file and in ``--set`` today, flat beside the other doors' knobs; the
+application's settings (``unimq/settings.py``) compose this dataclass with the
+other doors' ones, so each knob is declared, defaulted and checked in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.door import DoorSettings, check_port, check_tls_pair
+
+__all__ = ["MqttSettings"]
+
+
+@dataclass
+class MqttSettings(DoorSettings):
+    """The MQTT door's listeners and knobs."""
+
+    mqtt_port: int = 1883
+    # MQTT over WebSocket (subprotocol "mqtt") listens on its own port: 0 picks a free one,
+    # -1 turns it off; unset: 8083, or a free port when mqtt_port is 0 (so test servers
+    # on free ports never collide on 8083).
+    mqtt_ws_port: int | None = None
+    # Clients without a user name are accepted unless this is false.
+    mqtt_allow_anonymous: bool = True
+    # User name -> password accepted at CONNECT ([mqtt_users] table); empty: any user name.
+    mqtt_users: dict[str, str] = field(default_factory=dict)
+    # A Mosquitto password file (written by mosquitto_passwd; $7$ and $6$ hashes): its users
+    # are accepted too. Read at start.
+    mqtt_password_file: str = ""
+    # A Mosquitto ACL file (topic/user/pattern lines): clients get only the rights it grants.
+    mqtt_acl_file: str = ""
+    # Outbound QoS 1/2 messages in flight per client (v5: also capped by its Receive Maximum).
+    mqtt_max_inflight: int = 256
+    # Receive Maximum and Topic Alias Maximum announced to MQTT 5 clients.
+    mqtt_receive_maximum: int = 1024
+    mqtt_topic_alias_maximum: int = 64
+    # Largest MQTT packet accepted; unset: the store's max_message_size + 64 KiB.
+    mqtt_max_packet_size: int | None = None
+    # Impose this keepalive on MQTT 5 clients (Server Keep Alive); 0 accepts theirs.
+    mqtt_server_keepalive: int = 0
+    # Cap on MQTT clients' keepalive (Mosquitto's max_keepalive): more, or 0, gets the cap
+    # (v5: as Server Keep Alive); less keeps its own. 0: no cap.
+    mqtt_max_keepalive: int = 0
+    # Cap on an MQTT 5 session expiry interval, seconds (4294967295: never expires).
+    mqtt_max_session_expiry: int = 4294967295
+    # Bytes of just-stored QoS 1/2 messages the MQTT door keeps in memory for sessions that
+    # are behind (delivered without a read back from the store); past it they are pulled.
+    mqtt_mem_queue_bytes: int = 256 * 1024 * 1024
+    # Seconds between two rounds of Mosquitto-style $SYS/broker/... statistics; 0: off.
+    mqtt_sys_interval_s: float = 10.0
+    # MQTT over TLS: both PEM files given -> a TLS listener on mqtt_tls_port (unset: 8883,
+    # or a free port when mqtt_port is 0) beside the plain one, sharing its sessions.
+    mqtt_tls_cert: str = ""
+    mqtt_tls_key: str = ""
+    mqtt_tls_port: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_port("mqtt_port", self.mqtt_port)
+        if self.mqtt_ws_port is not None:
+            check_port("mqtt_ws_port", self.mqtt_ws_port, off=True)
+        if self.mqtt_tls_port is not None:
+            check_port("mqtt_tls_port", self.mqtt_tls_port)
+        check_tls_pair("mqtt", self.mqtt_tls_cert, self.mqtt_tls_key)
+
+    def ws_listener_port(self) -> int | None:
+        """The MQTT over WebSocket port to bind (0: a free one), None when turned off."""
+        if self.mqtt_ws_port is None:
+            return 0 if self.mqtt_port == 0 else 8083
+        return None if self.mqtt_ws_port < 0 else self.mqtt_ws_port
+
+    def tls_listener_port(self) -> int | None:
+        """The MQTT over TLS port to bind (0: a free one), None without a certificate."""
+        if not self.mqtt_tls_cert:
+            return None
+        if self.mqtt_tls_port is None:
+            return 0 if self.mqtt_port == 0 else 8883
+        return self.mqtt_tls_port

@@ -1,0 +1,53 @@
+"""What the roles share: argument types, the doors' port flags, the processor's configuration."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.api import ProcessorConfig
+    from unimq.settings import UnimqSettings
+
+__all__ = ["add_door_port_flags", "port_arg", "processor_config"]
+
+
+def port_arg(text: str) -> int:
+    """A TCP port flag: 0..65535, 0 picks a free port."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 0..65535: {value}")
+    return value
+
+
+#: The protocol doors' port flags: (flag, setting, what listens there).
+DOOR_PORT_FLAGS = (
+    ("--mqtt-port", "mqtt_port", "MQTT"),
+    ("--amqp-port", "amqp_port", "AMQP 0-9-1"),
+    ("--http-port", "http_port", "HTTP/CloudEvents"),
+    ("--grpc-port", "grpc_port", "RocketMQ 5 gRPC"),
+)
+
+
+def add_door_port_flags(p: argparse.ArgumentParser) -> None:
+    """One ``--<door>-port`` flag per protocol door's listener (``unimq up`` and ``unimq gateway``)."""
+    from unimq.settings import UnimqSettings
+
+    defaults = UnimqSettings()
+    for flag, dest, what in DOOR_PORT_FLAGS:
+        p.add_argument(flag, dest=dest, type=port_arg, metavar="N",
+                       help=f"{what} port, 0 = pick a free one (default: {getattr(defaults, dest)})")
+
+
+def processor_config(settings: UnimqSettings) -> ProcessorConfig:
+    """The processor's knobs from the settings (every role that serves doors builds one)."""
+    from gateway.api import ProcessorConfig
+
+    return ProcessorConfig(
+        auto_create_topics=settings.auto_create_topics,
+        default_queue_count=settings.default_queue_count,
+        max_message_size=settings.store.max_message_size,
+    )
