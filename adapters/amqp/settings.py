@@ -1,8 +1,7 @@
 """The AMQP 0-9-1 door's knobs (``amqp_*``; README "AMQP door" and "Configuration"), declared once here.
 
-Why the ``amqp_`` prefix on every field: these are the names users write in the
-TOML file and in ``--set``, flat beside the other doors' knobs; the application's
-settings (``unimq/settings.py``) compose this dataclass with the other doors' ones.
+Flat ``<door>_*`` names, because they are the TOML and ``--set`` keys users write;
+why each door declares its knobs in its own package: see ``gateway/door.py``.
 """
 
 from __future__ import annotations

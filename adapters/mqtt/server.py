@@ -17,6 +17,7 @@ from typing import Any
 from gateway.door import bind_socket
 
 from .broker import Connection, MQTTBroker, MQTTConfig
+from .settings import MqttSettings
 
 log = logging.getLogger("unimq.mqtt")
 
@@ -58,19 +59,9 @@ class _TcpProtocol(asyncio.Protocol):
             self.conn.resume_writing()
 
 
-def door_config(settings: Any) -> MQTTConfig:
-    """The MQTT door's knobs from unimq's settings (``mqtt_*`` keys)."""
-    cfg = MQTTConfig()
-    for name in ("allow_anonymous", "users", "password_file", "acl_file", "max_inflight", "receive_maximum", "topic_alias_maximum",
-                 "max_packet_size", "server_keepalive", "max_keepalive", "max_session_expiry", "mem_queue_bytes", "sys_interval_s"):
-        value = getattr(settings, "mqtt_" + name, None)
-        if value is not None:
-            setattr(cfg, name, value)
-    if getattr(settings, "mqtt_max_packet_size", None) is None:
-        store = getattr(settings, "store", None)
-        if store is not None:
-            cfg.max_packet_size = store.max_message_size + 65536
-    return cfg
+def door_config(settings: MqttSettings) -> MQTTConfig:
+    """The MQTT door's knobs from unimq's settings (``mqtt_*`` keys, see ``settings.py``)."""
+    return settings.mqtt_config()
 
 
 async def _close_server(server: Any) -> None:

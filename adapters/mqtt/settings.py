@@ -1,9 +1,7 @@
 """The MQTT door's knobs (``mqtt_*``; README "MQTT door" and "Configuration"), declared once here.
 
-Why the ``mqtt_`` prefix on every field: these are the names users write in the
-TOML file and in ``--set`` today, flat beside the other doors' knobs; the
-application's settings (``unimq/settings.py``) compose this dataclass with the
-other doors' ones, so each knob is declared, defaulted and checked in one place.
+Flat ``<door>_*`` names, because they are the TOML and ``--set`` keys users write;
+why each door declares its knobs in its own package: see ``gateway/door.py``.
 """
 
 from __future__ import annotations
@@ -11,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.door import DoorSettings, check_port, check_tls_pair
+
+from .config import MQTTConfig
 
 __all__ = ["MqttSettings"]
 
@@ -80,3 +80,22 @@ class MqttSettings(DoorSettings):
         if self.mqtt_tls_port is None:
             return 0 if self.mqtt_port == 0 else 8883
         return self.mqtt_tls_port
+
+    def mqtt_config(self) -> MQTTConfig:
+        """The broker's configuration from these knobs (the broker's own defaults for the rest)."""
+        packet = self.mqtt_max_packet_size
+        return MQTTConfig(
+            allow_anonymous=self.mqtt_allow_anonymous,
+            users=dict(self.mqtt_users),
+            password_file=self.mqtt_password_file,
+            acl_file=self.mqtt_acl_file,
+            max_inflight=self.mqtt_max_inflight,
+            receive_maximum=self.mqtt_receive_maximum,
+            topic_alias_maximum=self.mqtt_topic_alias_maximum,
+            max_packet_size=self.store.max_message_size + 65536 if packet is None else packet,
+            server_keepalive=self.mqtt_server_keepalive,
+            max_keepalive=self.mqtt_max_keepalive,
+            max_session_expiry=self.mqtt_max_session_expiry,
+            mem_queue_bytes=self.mqtt_mem_queue_bytes,
+            sys_interval_s=self.mqtt_sys_interval_s,
+        )
