@@ -17,6 +17,7 @@ import uuid
 from typing import Any, Callable
 
 import paho.mqtt.client as paho
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -299,3 +300,11 @@ async def in_process_processor(tmp_path: Any) -> Any:
                                      disk_min_free_ratio=0.0, disk_refuse_free_ratio=0.0))
     await p.start()
     return p
+
+
+@pytest.fixture
+async def processor(tmp_path: Any) -> Any:
+    """:func:`in_process_processor`, stopped after the test (import it into a test module to use it)."""
+    p = await in_process_processor(tmp_path)
+    yield p
+    await p.stop()

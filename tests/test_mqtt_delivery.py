@@ -21,17 +21,10 @@ from adapters.mqtt.session import SESSION_NEVER_EXPIRES, Inflight, Session, Subs
 from adapters.mqtt.sys_topics import Counters
 from core_broker.model import DispatchTarget, Message
 from gateway.context import RequestContext
-from mqtt_fixtures import in_process_processor
+from mqtt_fixtures import processor  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(60)
 CTX = RequestContext(protocol="mqtt", client_id="mqtt-door")
-
-
-@pytest.fixture
-async def processor(tmp_path):
-    p = await in_process_processor(tmp_path)
-    yield p
-    await p.stop()
 
 
 def delivery(processor) -> tuple[Delivery, list[Session]]:

@@ -16,17 +16,10 @@ from adapters.mqtt.retained import RetainedStore
 from adapters.mqtt.session import SESSION_NEVER_EXPIRES, Session, Subscription
 from adapters.mqtt.session_store import SessionStore
 from gateway.context import RequestContext
-from mqtt_fixtures import in_process_processor
+from mqtt_fixtures import processor  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(60)
 CTX = RequestContext(protocol="mqtt", client_id="mqtt-door")
-
-
-@pytest.fixture
-async def processor(tmp_path):
-    p = await in_process_processor(tmp_path)
-    yield p
-    await p.stop()
 
 
 async def test_retained_messages_survive_and_an_empty_one_clears(processor) -> None:
