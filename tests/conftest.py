@@ -25,7 +25,10 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LISTEN_LINE = re.compile(r"^unimq: (?P<door>\w+) listening on \[?(?P<host>[^\]]+?)\]?:(?P<port>\d+)$")
-PORT_FLAGS = ("--mqtt-port", "--amqp-port", "--http-port", "--grpc-port", "--namesrv-port")
+PORT_FLAGS = (
+    "--mqtt-port", "--mqtt-ws-port", "--mqtt-tls-port", "--amqp-port", "--http-port", "--grpc-port", "--namesrv-port",
+    "--broker-port",
+)
 TEST_STORE_SIZES = {
     "store.commitlog_segment_size": 64 * 1024 * 1024,
     "store.cq_entries_per_file": 100_000,

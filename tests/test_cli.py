@@ -6,6 +6,7 @@ tested through a real process and real sockets.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import socket
@@ -336,3 +337,77 @@ async def test_run_in_process_with_ready_and_stop_events(tmp_path: Path, capsys:
     stop.set()
     await asyncio.wait_for(task, timeout=60)
     assert not marker.exists()
+
+
+# -- listeners: a flag each, port 0 everywhere, a taken port named ----------------------
+
+#: Every listener `unimq up` can open, with its flag (the setting of the same name, dashes as underscores).
+LISTENER_FLAGS = (
+    "--namesrv-port", "--broker-port", "--http-port", "--grpc-port",
+    "--mqtt-port", "--mqtt-ws-port", "--mqtt-tls-port", "--amqp-port",
+)
+#: The ports unimq listens on when not told otherwise.
+DEFAULT_PORTS = {9876, 8080, 8081, 1883, 8083, 8883, 5672, 8090}
+
+
+def test_up_help_shows_a_flag_for_every_listener_and_set() -> None:
+    result = _cli("up", "--help")
+    assert result.returncode == 0, result.stderr
+    for flag in (*LISTENER_FLAGS, "--set", "--mqtt-tls-cert", "--grpc-tls-cert", "--log-level"):
+        assert flag in result.stdout, flag
+    for flag in LISTENER_FLAGS:  # and each is the config key of the same name
+        assert flag.removeprefix("--").replace("-", "_") in {f.name for f in dataclasses.fields(UnimqSettings)}
+
+
+@needs_store
+def test_two_servers_side_by_side_on_port_0_share_no_port(unimq_server, tmp_path: Path) -> None:
+    """Port 0 for every listener (MQTT over TLS included): a second unimq starts beside the first."""
+    from tls_helpers import self_signed
+
+    cert, key = self_signed(tmp_path)
+    zeros = [a for flag in LISTENER_FLAGS for a in (flag, "0")]
+    tls = ["--mqtt-tls-cert", str(cert), "--mqtt-tls-key", str(key)]
+    first: UnimqProcess = unimq_server(*zeros, *tls)
+    second: UnimqProcess = unimq_server(*zeros, *tls)
+    names = {"namesrv", "broker", "http", "grpc", "mqtt", "mqttws", "mqtts", "amqp"}
+    assert set(first.ports) == set(second.ports) == names
+    assert not set(first.ports.values()) & set(second.ports.values())
+    assert not (set(first.ports.values()) | set(second.ports.values())) & DEFAULT_PORTS
+    for server in (first, second):
+        assert _get(server.url("http", "/healthz")) == (200, {"status": "ok"})
+        assert server.stop() == 0, server.stderr()
+
+
+@needs_store
+@pytest.mark.parametrize("flag, what", [
+    ("--mqtt-ws-port", "MQTT over WebSocket door"),
+    ("--broker-port", "broker RPC listener"),
+    ("--grpc-port", "gRPC door"),  # grpcio reports a failed bind without an errno
+])
+def test_a_taken_port_stops_start_up_naming_the_door_and_port(tmp_path: Path, flag: str, what: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        ports = [a for f in LISTENER_FLAGS for a in (f, str(port) if f == flag else "0")]
+        result = _cli("up", "--data-dir", str(tmp_path / "d"), "--set", "store.commitlog_segment_size=67108864",
+                      *ports)
+    assert result.returncode == 1, result.stderr
+    assert f"unimq: error: cannot start the {what}: 127.0.0.1:{port} is already in use" in result.stderr.splitlines()
+    assert not _abort_marker(tmp_path / "d").exists(), "a failed start still shuts the store down cleanly"
+
+
+@needs_store
+def test_start_up_names_each_listener_once(unimq_server) -> None:
+    """One `unimq:` line per listener and no log line repeating it; the internal listeners say who they are for."""
+    server: UnimqProcess = unimq_server("--log-level", "info")
+    listening = [line for line in server.stdout_lines if " listening on " in line]
+    assert len(listening) == len(server.ports) == len({line.split()[1] for line in listening})
+    namesrv = f"127.0.0.1:{server.ports['namesrv']}"
+    assert f"unimq: namesrv and broker are for extra gateways: unimq gateway --namesrv {namesrv}" in server.stdout_lines
+    assert server.stop() == 0
+    err = server.stderr()
+    for name, port in server.ports.items():
+        if name != "broker":  # the nameserver logs the broker registering, which names its address
+            assert f":{port}" not in err, (name, err)
+    assert "listening" not in err and "door on" not in err, err

@@ -97,6 +97,10 @@ def _serve(settings: UnimqSettings) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if settings.log_level != "debug":
+        # The websockets library logs "server listening on ..." at INFO for the MQTT over
+        # WebSocket door; the process announces every listener once, on stdout.
+        logging.getLogger("websockets.server").setLevel(logging.WARNING)
     from . import process  # late: keeps `unimq --help` fast and free of the store
     from .node import StartupError
 

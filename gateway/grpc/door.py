@@ -154,7 +154,8 @@ class GrpcDoor:
         advertised = settings.host if settings.host not in _WILDCARD else "127.0.0.1"
         self.service.default_endpoints = cv.endpoints([(advertised, port)])
         processor.add_transaction_checker(self.service.check_transaction)
-        log.info("grpc door on %s (%s)", address, "TLS" if settings.grpc_tls_cert else "plaintext")
+        # debug: the process announces every listener once on stdout (unimq: grpc listening on ...)
+        log.debug("grpc door on %s (%s)", address, "TLS" if settings.grpc_tls_cert else "plaintext")
         return settings.host, port
 
     async def stop(self) -> None:

@@ -23,12 +23,22 @@ def port_arg(text: str) -> int:
     return value
 
 
-#: The protocol doors' port flags: (flag, setting, what listens there).
+def port_or_off_arg(text: str) -> int:
+    """A port flag of a listener that can be turned off: -1, or 0..65535."""
+    if text.strip() == "-1":
+        return -1
+    return port_arg(text)
+
+
+#: The protocol doors' listeners: (flag, setting, what listens there, default when not a plain number).
 DOOR_PORT_FLAGS = (
-    ("--mqtt-port", "mqtt_port", "MQTT"),
-    ("--amqp-port", "amqp_port", "AMQP 0-9-1"),
-    ("--http-port", "http_port", "HTTP/CloudEvents"),
-    ("--grpc-port", "grpc_port", "RocketMQ 5 gRPC"),
+    ("--mqtt-port", "mqtt_port", "MQTT", None),
+    ("--mqtt-ws-port", "mqtt_ws_port", "MQTT over WebSocket", "8083, or a free one when --mqtt-port is 0; -1 = off"),
+    ("--mqtt-tls-port", "mqtt_tls_port", "MQTT over TLS (with --mqtt-tls-cert)",
+     "8883, or a free one when --mqtt-port is 0"),
+    ("--amqp-port", "amqp_port", "AMQP 0-9-1", None),
+    ("--http-port", "http_port", "HTTP/CloudEvents", None),
+    ("--grpc-port", "grpc_port", "RocketMQ 5 gRPC", None),
 )
 
 
@@ -37,9 +47,9 @@ def add_door_port_flags(p: argparse.ArgumentParser) -> None:
     from unimq.settings import UnimqSettings
 
     defaults = UnimqSettings()
-    for flag, dest, what in DOOR_PORT_FLAGS:
-        p.add_argument(flag, dest=dest, type=port_arg, metavar="N",
-                       help=f"{what} port, 0 = pick a free one (default: {getattr(defaults, dest)})")
+    for flag, dest, what, default in DOOR_PORT_FLAGS:
+        p.add_argument(flag, dest=dest, type=port_or_off_arg if dest == "mqtt_ws_port" else port_arg, metavar="N",
+                       help=f"{what} port, 0 = pick a free one (default: {default or getattr(defaults, dest)})")
 
 
 def processor_config(settings: UnimqSettings) -> ProcessorConfig:

@@ -35,23 +35,31 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help=f"address every door binds to (default: {defaults.host})")
     add_door_port_flags(p)
     p.add_argument("--namesrv-port", dest="namesrv_port", type=port_arg, metavar="N",
-                   help=f"nameserver port, 0 = pick a free one (default: {defaults.namesrv_port})")
+                   help=f"nameserver port (extra gateways join with --namesrv HOST:N), 0 = pick a free one "
+                        f"(default: {defaults.namesrv_port})")
+    p.add_argument("--broker-port", dest="broker_port", type=port_arg, metavar="N",
+                   help="the broker's internal RPC port (extra gateways reach it through the nameserver), "
+                        "0 = pick a free one (default: 0)")
     p.add_argument("--flush", choices=[m.value for m in FlushMode],
                    help=f"async: ack from page cache; sync: ack after fsync, group commit (default: {store.flush.value})")
     p.add_argument("--grpc-tls-cert", dest="grpc_tls_cert", metavar="PEM",
                    help="serve the gRPC door over TLS with this certificate (chain)")
     p.add_argument("--grpc-tls-key", dest="grpc_tls_key", metavar="PEM", help="private key of --grpc-tls-cert")
     p.add_argument("--mqtt-tls-cert", dest="mqtt_tls_cert", metavar="PEM",
-                   help="also serve MQTT over TLS (port mqtt_tls_port, 8883) with this certificate (chain)")
+                   help="also serve MQTT over TLS (on --mqtt-tls-port) with this certificate (chain)")
     p.add_argument("--mqtt-tls-key", dest="mqtt_tls_key", metavar="PEM", help="private key of --mqtt-tls-cert")
 
 
 async def _start(node: Node) -> None:
     from gateway.deployment import local_processor
+    from gateway.door import format_address
+    from unimq.node import announce
     from unimq.roles.common import processor_config
 
     host, port = await start_nameserver(node)
     broker = await start_broker(node, [(host, port)])
+    # The two listeners above are not for clients: say who they are for.
+    announce(f"namesrv and broker are for extra gateways: unimq gateway --namesrv {format_address(host, port)}")
     processor = local_processor(broker.controller, processor_config(node.settings), owns=False)
     await processor.start()
     node.processor = processor
