@@ -14,7 +14,30 @@ Note on the package name: inside ``gateway/`` a bare ``import grpc`` still means
 grpcio, because imports are absolute and ``gateway/`` itself is never on sys.path.
 """
 
-from .door import GrpcDoor
-from .service import MessagingService
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .door import GrpcDoor
+    from .service import MessagingService
 
 __all__ = ["GrpcDoor", "MessagingService"]
+
+
+def __getattr__(name: str) -> object:
+    """``GrpcDoor`` and ``MessagingService`` on first use (PEP 562).
+
+    Why lazily: grpcio and the v2 stubs take about 0.4 s to import, and the
+    process reads this package's knobs (``settings.py``) for every command,
+    ``unimq --help`` included.
+    """
+    if name == "GrpcDoor":
+        from .door import GrpcDoor
+
+        return GrpcDoor
+    if name == "MessagingService":
+        from .service import MessagingService
+
+        return MessagingService
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
