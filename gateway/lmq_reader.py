@@ -29,9 +29,10 @@ is an acknowledged floor that survives a restart. The parts:
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from core_broker.model import GetResult
+from gateway.api import ProcessorCalls
 from gateway.context import RequestContext
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
     "WindowedLane",
     "MemoryBudget",
     "LaneRuns",
-    "LmqSource",
     "pull_lane",
     "committed_floor",
     "commit_floor",
@@ -47,24 +47,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class LmqSource(Protocol):
-    """What the reader needs from the processor."""
-
-    async def host_lmq(self, ctx: RequestContext, name: str, broker: str) -> None: ...
-
-    async def pull(self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int = 32,
-                   filter_expression: Any = None, wait_ms: int = 0, *, broker: str | None = None) -> GetResult: ...
-
-    async def get_offset(self, ctx: RequestContext, group: str, topic: str, queue_id: int, *,
-                         broker: str | None = None) -> int | None: ...
-
-    async def query_offset(self, ctx: RequestContext, topic: str, queue_id: int, policy: str = "end",
-                           timestamp_ms: int = 0, *, broker: str | None = None) -> int: ...
-
-    async def commit_offset(self, ctx: RequestContext, group: str, topic: str, queue_id: int, offset: int, *,
-                            broker: str | None = None) -> None: ...
 
 
 def settled_ranges(offsets: list[int]) -> list[list[int]]:
@@ -290,7 +272,7 @@ class LaneRuns(Generic[T]):
             runs.popleft()
 
 
-async def pull_lane(source: LmqSource, lmq: str, lane: Lane, offset: int, n: int, ctx: RequestContext,
+async def pull_lane(source: ProcessorCalls, lmq: str, lane: Lane, offset: int, n: int, ctx: RequestContext,
                     admin_ctx: RequestContext | None = None) -> GetResult:
     """Read up to ``n`` entries of ``lane`` from ``offset`` (``ctx``: the reader, for authorization).
 
@@ -304,7 +286,7 @@ async def pull_lane(source: LmqSource, lmq: str, lane: Lane, offset: int, n: int
     return await source.pull(ctx, lmq, 0, offset, n, broker=lane.broker)
 
 
-async def committed_floor(source: LmqSource, ctx: RequestContext, group: str, lmq: str, broker: str) -> int:
+async def committed_floor(source: ProcessorCalls, ctx: RequestContext, group: str, lmq: str, broker: str) -> int:
     """A lane's durable floor kept as ``group``'s committed offset, or where its part of the LMQ begins."""
     await source.host_lmq(ctx, lmq, broker)
     off = await source.get_offset(ctx, group, lmq, 0, broker=broker)
@@ -313,7 +295,7 @@ async def committed_floor(source: LmqSource, ctx: RequestContext, group: str, lm
     return await source.query_offset(ctx, lmq, 0, "begin", broker=broker)
 
 
-async def commit_floor(source: LmqSource, ctx: RequestContext, group: str, lmq: str, lane: Lane) -> None:
+async def commit_floor(source: ProcessorCalls, ctx: RequestContext, group: str, lmq: str, lane: Lane) -> None:
     """Make the lane's floor durable as ``group``'s committed offset, when it moved."""
     floor = lane.floor
     if floor != lane.committed:

@@ -13,11 +13,13 @@ import asyncio
 
 import pytest
 
+from adapters.mqtt.acl import AccessControl
 from adapters.mqtt.config import MQTTConfig
 from adapters.mqtt.delivery import OFFSET_GROUP, Delivery
 from adapters.mqtt.mapping import Outgoing
 from adapters.mqtt.routing import Routing
 from adapters.mqtt.session import SESSION_NEVER_EXPIRES, Inflight, Session, Subscription
+from adapters.mqtt.shared import SharedDelivery
 from adapters.mqtt.sys_topics import Counters
 from core_broker.model import DispatchTarget, Message
 from gateway.context import RequestContext
@@ -36,7 +38,16 @@ def delivery(processor) -> tuple[Delivery, list[Session]]:
     def spawn(coro):
         return asyncio.get_running_loop().create_task(coro)
 
-    return Delivery(processor, CTX, MQTTConfig(), Counters(), spawn, save, Routing.sub_ids), saved
+    routing = Routing(AccessControl(processor, enforced=False), processor_ensure(processor))
+    shared = SharedDelivery(processor, CTX, routing, spawn)
+    return Delivery(processor, CTX, MQTTConfig(), Counters(), spawn, save, Routing.sub_ids, shared), saved
+
+
+def processor_ensure(processor):
+    async def ensure_lmq(name: str) -> None:
+        await processor.create_topic(CTX, name, queues=1, exist_ok=True)
+
+    return ensure_lmq
 
 
 async def stored(processor, lmq: str, n: int) -> list:

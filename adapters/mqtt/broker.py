@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any, Awaitable, Coroutine, Sequence
+from typing import Any, Coroutine, Sequence
 
 from core_broker.errors import MessageTooLargeError, StoreFullError, UnimqError
 from core_broker.model import DispatchTarget, Message
@@ -100,9 +100,9 @@ class MQTTBroker:
         self.sessions: dict[str, Session] = self.session_store.sessions
         self.retained = RetainedStore(processor, self.ctx)
         self.routing = Routing(self.access, self._ensure_lmq)
+        self.shared = SharedDelivery(processor, self.ctx, self.routing, self.spawn)
         self.delivery = Delivery(processor, self.ctx, cfg, self.counters, self.spawn, self.session_store.save,
-                                 Routing.sub_ids)
-        self.shared = self.delivery.shared = SharedDelivery(processor, self.ctx, self.routing, self.spawn)
+                                 Routing.sub_ids, self.shared)
         self.wills = Wills(self.spawn, self.publish)
         self.connections: set[Connection] = set()
         # messages other doors are sending to MQTT subscribers: id(message) -> what route() decided
@@ -143,8 +143,8 @@ class MQTTBroker:
             self.processor.set_authorizer(self._outer_authorizer)
             self._outer_authorizer = None
 
-    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
-        t = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        t = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._task_done)
         return t
@@ -470,7 +470,7 @@ class MQTTBroker:
             for g in groups:
                 if out.qos == 0 or g.qos == 0 or not g.lmq_ready:
                     member = g.next_online()
-                    if member is not None:
+                    if member is not None and member.session.conn is not None:
                         member.session.conn.deliver(out, 0, False, member_sub_ids(member))
                 else:
                     self.shared.wake(g)

@@ -135,7 +135,7 @@ class Connection:
                 i = 0
                 n = len(pkts)
                 while i < n and type(pkts[i]) is C.PubAck:
-                    self._on_puback(pkts[i])
+                    self._on_puback(pkts[i])  # type: ignore[arg-type]  # (checked just above)
                     i += 1
                 if i:
                     if self._freed and i == n and err is None:
@@ -265,9 +265,10 @@ class Connection:
                         props["topic_alias"] = alias
                 pb = encode_properties(props)
             else:
-                pb = out._v5
-                if pb is None:
-                    pb = out._v5 = encode_properties(out.v5props())
+                cached = out._v5
+                if cached is None:
+                    cached = out._v5 = encode_properties(out.v5props())
+                pb = cached
             data = encode_publish(tb, out.payload, qos, retain, dup, pid, pb)
         if self.max_out_packet and len(data) > self.max_out_packet:
             # v5 3.1.2.25: a message too big for the client is discarded as if delivered

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 from core_broker.errors import TopicNotFoundError, UnimqError
+from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 from gateway.lmq_reader import LaneRuns, MemoryBudget, commit_floor, committed_floor, pull_lane
 
@@ -29,9 +30,10 @@ from .mapping import Outgoing, now_ms, outgoing_from_stored
 from .session import Cursor, Inflight, Session, Subscription
 from .sys_topics import Counters
 
+from .shared import SharedDelivery
+
 if TYPE_CHECKING:
     from .connection import Connection
-    from .shared import SharedDelivery
 
 log = logging.getLogger("unimq.mqtt")
 
@@ -47,9 +49,9 @@ MEM_ENTRY_OVERHEAD = 256
 class Delivery:
     """Every session's lanes: offering just-stored messages, pumping, acknowledging, committing."""
 
-    def __init__(self, processor: Any, ctx: RequestContext, config: MQTTConfig, counters: Counters,
-                 spawn: Callable[[Awaitable[Any]], Any], save_session: Callable[[Session], Awaitable[None]],
-                 sub_ids: Callable[[Session, str, Subscription], list[int] | None]) -> None:
+    def __init__(self, processor: MessagingAPI, ctx: RequestContext, config: MQTTConfig, counters: Counters,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], Any], save_session: Callable[[Session], Coroutine[Any, Any, None]],
+                 sub_ids: Callable[[Session, str, Subscription], list[int] | None], shared: SharedDelivery) -> None:
         self.processor = processor
         self.ctx = ctx
         self.config = config
@@ -57,7 +59,7 @@ class Delivery:
         self.spawn = spawn
         self.save_session = save_session
         self.sub_ids = sub_ids
-        self.shared: SharedDelivery | None = None  # set by the broker (shared groups' in-flight messages)
+        self.shared = shared  # shared groups' in-flight messages are acknowledged there
         self.mem = MemoryBudget(config.mem_queue_bytes)  # every cursor's in-memory window (_mem_push)
         self._dirty_sessions: set[Session] = set()
         self._dirty_wake = asyncio.Event()  # set when _dirty_sessions stops being empty
@@ -210,7 +212,7 @@ class Delivery:
         if cur is not None:
             cur.must_pull = True
             key = (sub.lmq, broker)
-            s.pending[key] = s.pending.get(key, 0) + 1  # type: ignore[index]
+            s.pending[key] = s.pending.get(key, 0) + 1  # type: ignore[index, arg-type]
 
     def offer(self, s: Session, sub: Subscription, out: Outgoing, offset: int, broker: str) -> None:
         """A message was just stored at ``offset`` of ``sub``'s lane on ``broker``: send it, queue it,
@@ -238,7 +240,7 @@ class Delivery:
         if offset > mem[-1][0] if mem else offset >= cur.read:
             # a gap before it (messages past the budget) is read back from the store
             self._mem_push(cur, offset, out)
-        s.pending[key] = s.pending.get(key, 0) + 1  # type: ignore[index]
+        s.pending[key] = s.pending.get(key, 0) + 1  # type: ignore[index, arg-type]
         self.wake(s)
 
     def _mem_push(self, cur: Cursor, offset: int, out: Outgoing) -> None:
@@ -336,7 +338,7 @@ class Delivery:
                             want = min(want, mem[0][0] - cur.read)  # up to the in-memory part
                         start = cur.read
                         try:
-                            r = await pull_lane(self.processor, lmq[0], cur, cur.read, want, s.ctx or self.ctx,
+                            r = await pull_lane(self.processor, lmq[0], cur, cur.read, want, s.ctx,
                                                 self.ctx)
                         except TopicNotFoundError:
                             cur.must_pull = False

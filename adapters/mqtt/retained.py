@@ -10,8 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from typing import Any, Iterator
+from typing import Iterator
 
+from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 
 from . import codec as C
@@ -30,7 +31,7 @@ class RetainedStore:
 
     __slots__ = ("processor", "ctx", "messages")
 
-    def __init__(self, processor: Any, ctx: RequestContext) -> None:
+    def __init__(self, processor: MessagingAPI, ctx: RequestContext) -> None:
         self.processor = processor
         self.ctx = ctx
         self.messages: dict[str, Outgoing] = {}

@@ -21,15 +21,20 @@ restart it is read from the queue again and sent with a new id.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gateway.context import RequestContext
 from gateway.lmq_reader import LaneRuns, WindowedLane
 
 from .codec import MQTT_311
 from .mapping import Outgoing
 from .topics import parse_shared
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 __all__ = ["Subscription", "Cursor", "Inflight", "Session", "Outgoing", "SESSION_NEVER_EXPIRES"]  # Outgoing: mapping's
 
@@ -93,7 +98,7 @@ class Session:
         self.expiry = expiry  # seconds after disconnect; SESSION_NEVER_EXPIRES = never
         self.subs: dict[str, Subscription] = {}  # key (filter or $share/g/f) -> subscription
         self.lmq_seq = 0
-        self.conn: Any = None
+        self.conn: Connection | None = None
         self.cursors: dict[tuple[str, str], Cursor] = {}  # (lmq, broker) -> that lane's cursor
         self.pending: dict[tuple[str, str], int] = {}  # lane -> wake generation (has data to read)
         self.inflight: dict[int, Inflight] = {}  # packet id -> outbound in flight
@@ -102,11 +107,11 @@ class Session:
         self.next_pid = 1
         self.pumping = False
         self.disconnected_at = 0  # ms
-        self.expiry_handle: Any = None
-        self.will_handle: Any = None
+        self.expiry_handle: asyncio.TimerHandle | None = None
+        self.will_handle: asyncio.TimerHandle | None = None
         self.dirty: set[tuple[str, str]] = set()  # lanes whose committed offset must be written
         self.has_sub_ids = False
-        self.ctx: Any = None
+        self.ctx: RequestContext = RequestContext(protocol="mqtt", client_id=client_id)  # set at each CONNECT
         # lmq -> runs [broker, how many offsets] of messages waiting in its lanes, oldest first:
         # the order they were stored in across brokers, so a read-back interleaves the lanes
         # the same way. Only for an LMQ with more than one lane (never in merged mode).

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 
 from .codec import MQTTProtocolError
@@ -30,7 +31,7 @@ class SessionStore:
 
     __slots__ = ("processor", "ctx", "sessions")
 
-    def __init__(self, processor: Any, ctx: RequestContext) -> None:
+    def __init__(self, processor: MessagingAPI, ctx: RequestContext) -> None:
         self.processor = processor
         self.ctx = ctx
         self.sessions: dict[str, Session] = {}

@@ -9,9 +9,10 @@ leaves releases its in-flight messages to the others at once (change-invisible 0
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Coroutine
 
 from core_broker.errors import TopicNotFoundError, UnimqError
+from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 
 from .mapping import now_ms, outgoing_from_stored
@@ -26,8 +27,8 @@ __all__ = ["SharedDelivery"]
 class SharedDelivery:
     """Pumps each shared group's LMQ into its online members, round robin."""
 
-    def __init__(self, processor: Any, ctx: RequestContext, routing: Routing,
-                 spawn: Callable[[Awaitable[Any]], Any]) -> None:
+    def __init__(self, processor: MessagingAPI, ctx: RequestContext, routing: Routing,
+                 spawn: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
         self.processor = processor
         self.ctx = ctx
         self.routing = routing
@@ -55,7 +56,7 @@ class SharedDelivery:
         """Pop the group's LMQ into its online members, a small batch each, round robin."""
         try:
             while True:
-                members = [m for m in g.online() if m.session.conn.writable]
+                members = [m for m in g.online() if m.session.conn is not None and m.session.conn.writable]
                 if not members:
                     return
                 round_pending = g.pending
@@ -72,7 +73,7 @@ class SharedDelivery:
                     if room <= 0:
                         continue
                     try:
-                        got = await self.processor.pop(s.ctx or self.ctx, g.cgroup, g.lmq, min(room, 8), 3_600_000)
+                        got = await self.processor.pop(s.ctx, g.cgroup, g.lmq, min(room, 8), 3_600_000)
                     except TopicNotFoundError:
                         g.pending = 0
                         return
@@ -104,11 +105,10 @@ class SharedDelivery:
 
     async def ack(self, s: Session, f: Inflight) -> None:
         g = self.routing.group_of(f.lmq or "")
-        cgroup = g.cgroup if g else None
-        if cgroup is None:
+        if g is None or f.receipt is None:
             return
         try:
-            await self.processor.ack(self.ctx, cgroup, f.lmq, f.receipt)
+            await self.processor.ack(self.ctx, g.cgroup, g.lmq, f.receipt)
         except UnimqError as e:
             log.debug("mqtt: shared ack failed: %s", e)
         if g is not None:

@@ -121,6 +121,6 @@ class SysTopics:
                     conn.deliver(out, 0, bool(sub.rap), member_sub_ids(sub))
             for g in groups:
                 m = g.next_online()
-                if m is not None:
+                if m is not None and m.session.conn is not None:
                     m.session.conn.deliver(out, 0, False, member_sub_ids(m))
         return changed

@@ -7,7 +7,7 @@ published after the delay unless a new connection to the session comes first.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 from gateway.context import RequestContext
 
@@ -25,7 +25,7 @@ class Wills:
 
     __slots__ = ("spawn", "publish")
 
-    def __init__(self, spawn: Callable[[Awaitable[Any]], Any], publish: Publish) -> None:
+    def __init__(self, spawn: Callable[[Coroutine[Any, Any, Any]], Any], publish: Publish) -> None:
         self.spawn = spawn
         self.publish = publish
 
