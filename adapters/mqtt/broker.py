@@ -294,6 +294,7 @@ class MQTTBroker:
                 for topic, out in self.sys.retained.items():
                     if filter_matches(sub.filter, topic) and can_read(s, topic):
                         conn.deliver(out, 0, True, sids)
+        self.delivery.count_out()
 
     async def unsubscribe(self, conn: Connection, pkt: C.Unsubscribe) -> None:
         s = conn.session
@@ -351,7 +352,7 @@ class MQTTBroker:
             out = None
             if plan.lmq_subs or plan.direct:
                 out = Outgoing(topic, it.payload, qos, it.retain, forward_props(iprops) if iprops else None, expiry,
-                               plan.tb)
+                               plan.tb, plan.ut)
                 if plan.direct:
                     fast.append((out, plan.direct))
             plans.append(plan)
@@ -394,6 +395,7 @@ class MQTTBroker:
             delivery.wake(s)
         for g in wake_groups:
             self.shared.wake(g)
+        delivery.count_out()
         if retained:
             for it, code in zip(items, codes):
                 if it.retain and code < 0x80:
@@ -419,6 +421,7 @@ class MQTTBroker:
         if not subs and not groups:
             return []
         out = outgoing_from_stored(props, m.body, m.topic)
+        out.ut = m.topic
         targets: list[DispatchTarget] = []
         lmq_subs: list[tuple[Subscription, DispatchTarget]] = []
         direct: list[Subscription] = []
@@ -474,6 +477,7 @@ class MQTTBroker:
                         member.session.conn.deliver(out, 0, False, member_sub_ids(member))
                 else:
                     self.shared.wake(g)
+        delivery.count_out()
 
     # -- connection lifecycle
 

@@ -229,10 +229,14 @@ class Connection:
         if self.closed:
             return
         s = self.session
+        if qos == 0 and self.transport.get_write_buffer_size() + self._wsize > self.config.qos0_drop_buffer:
+            self.counters.qos0_dropped += 1
+            return
+        ut = out.ut
+        if ut:  # counted for the processor's metrics (flushed per batch: Delivery.count_out)
+            counts = self.delivery.out_counts
+            counts[ut] = counts.get(ut, 0) + 1
         if qos == 0:
-            if self.transport.get_write_buffer_size() + self._wsize > self.config.qos0_drop_buffer:
-                self.counters.qos0_dropped += 1
-                return
             self.send_publish(out, 0, retain, False, 0, sub_ids)
             return
         assert s is not None

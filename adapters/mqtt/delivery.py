@@ -65,6 +65,21 @@ class Delivery:
         self._dirty_wake = asyncio.Event()  # set when _dirty_sessions stops being empty
         self._gone_lanes: dict[str, list[str]] = {}  # LMQ being deleted -> brokers that held a lane
         self._flusher: asyncio.Task[None] | None = None
+        # Deliveries not read back from the store, per unified topic, since the last count_out
+        self.out_counts: dict[str, int] = {}
+        self.metrics = processor.metrics
+
+    def count_out(self) -> None:
+        """Add the deliveries counted since the last call to the processor's ``messages_out``
+        (by door and topic, as the processor counts pops and pulls): once per batch of
+        publishes, pump round or subscription, not per message."""
+        counts = self.out_counts
+        if counts:
+            metrics = self.metrics
+            for ut, n in counts.items():
+                metrics.inc("messages_out", "mqtt", n)
+                metrics.inc_topic("messages_out", "mqtt", ut, n)
+            counts.clear()
 
     def start(self) -> None:
         self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="mqtt-offsets")
@@ -272,6 +287,10 @@ class Delivery:
             conn.deliver(out, 0, retain, sids)
             cur.settle(off)
             return
+        ut = out.ut
+        if ut:  # a message from memory (one read back from the store was counted by the processor)
+            counts = self.out_counts
+            counts[ut] = counts.get(ut, 0) + 1
         pid = s.alloc_pid()
         s.inflight[pid] = Inflight(out, q, lmq, off, None, sids)
         if conn.version != C.MQTT_5:  # no properties, no packet size limit: the short way
@@ -378,6 +397,7 @@ class Delivery:
                     return
         finally:
             s.pumping = False
+            self.count_out()
 
     @staticmethod
     def _run_head(s: Session, lmq: str, runs: LaneRuns[str]) -> list[Any] | None:

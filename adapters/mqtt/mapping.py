@@ -43,11 +43,15 @@ def now_ms() -> int:
 class Outgoing:
     """One application message on its way out: what a PUBLISH to a subscriber is built from."""
 
-    __slots__ = ("topic", "tb", "payload", "qos", "retain", "props", "expiry_at", "_v5", "raw")
+    __slots__ = ("topic", "tb", "payload", "qos", "retain", "props", "expiry_at", "_v5", "raw", "ut")
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, props: dict[str, Any] | None,
-                 expiry_at: int = 0, tb: bytes | None = None) -> None:
+                 expiry_at: int = 0, tb: bytes | None = None, ut: str = "") -> None:
         self.topic = topic
+        # The unified topic its deliveries are counted under in the processor's metrics
+        # ("messages_out"); empty for a message read back from the store (the processor
+        # counted that read) and for $SYS values (never stored).
+        self.ut = ut
         self.tb = topic.encode() if tb is None else tb  # the topic encoded (shared when the caller has it)
         self.payload = payload
         self.qos = qos

@@ -14,6 +14,7 @@ from typing import Iterator
 
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
+from gateway.naming import unified_topic_of_mqtt
 
 from . import codec as C
 from .mapping import Outgoing, message_properties, now_ms, outgoing_from_stored
@@ -50,6 +51,7 @@ class RetainedStore:
                 log.warning("dropping unreadable retained message for %r", topic)
                 continue
             if not out.expired(now):
+                out.ut = unified_topic_of_mqtt(topic)
                 self.messages[topic] = out
 
     async def retain(self, it: C.Publish) -> None:
@@ -59,7 +61,8 @@ class RetainedStore:
             await self.processor.kv_put(self.ctx, KV_RETAINED, it.topic, None)
             return
         props = message_properties(it.topic, it.qos, True, it.properties)
-        self.messages[it.topic] = outgoing_from_stored(props, it.payload, it.topic)
+        out = self.messages[it.topic] = outgoing_from_stored(props, it.payload, it.topic)
+        out.ut = unified_topic_of_mqtt(it.topic)
         value = json.dumps({"b": base64.b64encode(it.payload).decode(), "x": props}, separators=(",", ":"))
         await self.processor.kv_put(self.ctx, KV_RETAINED, it.topic, value.encode())
 
