@@ -25,6 +25,12 @@ class ConfigurationError(UnimqError, ValueError):
     code = "CONFIGURATION_ERROR"
 
 
+class StaleEpochError(UnimqError):
+    """A replication change quoted a master or in-sync-set epoch the controller has moved past."""
+
+    code = "STALE_EPOCH"
+
+
 class StoreFullError(UnimqError):
     """The disk (or the configured threshold) cannot take more data; nothing was written."""
 
