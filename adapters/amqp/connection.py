@@ -965,15 +965,17 @@ async def _exchange_bind(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     assert vh is not None
     if m.source == "" or m.destination == "":
         raise AmqpError(codec.ACCESS_REFUSED, "operation not permitted on the default exchange", *_cm(m))
-    _exchange(conn, m.source, m)
-    _exchange(conn, m.destination, m)
     args = m.arguments or {}
     b = Binding(m.source, m.destination, True, m.routing_key, _args_key(args))
     if isinstance(m, C.Exchange.Bind):
+        _exchange(conn, m.source, m)
+        _exchange(conn, m.destination, m)
         await conn.broker.add_binding(vh, b, dict(args))
         if not m.nowait:
             conn.send_method(ch.number, codec.method(C.Exchange.BindOk))
     else:
+        # Like RabbitMQ, removing a binding whose source or destination is gone succeeds: clean-up code
+        # (aio-pika's RPC close(), unbinds after an auto-delete cascade) unbinds what may already be gone.
         await conn.broker.remove_binding(vh, b)
         if not m.nowait:
             conn.send_method(ch.number, codec.method(C.Exchange.UnbindOk))
@@ -1019,17 +1021,26 @@ async def _queue_declare(conn: AmqpConnection, ch: Channel, m: Any) -> None:
 async def _queue_bind(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     vh = conn.vhost
     assert vh is not None
-    q = conn.queue_for(ch, m.queue, m)
     if m.exchange == "":
         raise AmqpError(codec.ACCESS_REFUSED, "operation not permitted on the default exchange", *_cm(m))
-    _exchange(conn, m.exchange, m)
     args = m.arguments or {}
-    b = Binding(m.exchange, q.name, False, m.routing_key, _args_key(args))
     if isinstance(m, C.Queue.Bind):
+        q = conn.queue_for(ch, m.queue, m)
+        _exchange(conn, m.exchange, m)
+        b = Binding(m.exchange, q.name, False, m.routing_key, _args_key(args))
         await conn.broker.add_binding(vh, b, dict(args))
         if not m.nowait:
             conn.send_method(ch.number, codec.method(C.Queue.BindOk))
     else:
+        # Unbind is idempotent as in RabbitMQ: a missing queue, exchange or binding answers Unbind-Ok
+        # (aio-pika's RPC close() unbinds its auto-deleted queue after it is gone).
+        name = m.queue or ch.last_queue
+        q = vh.queues.get(name) if name else None
+        if q is not None:
+            conn.check_exclusive(q, m)
+        elif not name:
+            raise AmqpError(codec.NOT_FOUND, "no previously declared queue", *_cm(m))
+        b = Binding(m.exchange, name, False, m.routing_key, _args_key(args))
         await conn.broker.remove_binding(vh, b)
         conn.send_method(ch.number, codec.method(C.Queue.UnbindOk))
 
