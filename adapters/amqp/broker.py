@@ -141,11 +141,13 @@ class Lease:
     """A message of a queue: ready in the queue's buffer, or delivered and unacked."""
 
     __slots__ = ("queue", "msg", "attempt", "tag", "consumer", "channel", "expires_at", "offset", "tmpl", "priority",
-                 "lane")
+                 "lane", "read_back")
 
     def __init__(self, queue: "QueueState", msg: StoredMessage | Message, attempt: int, offset: int,
-                 lane: "Lane", tmpl: Any = None) -> None:
+                 lane: "Lane", tmpl: Any = None, read_back: bool = False) -> None:
         self.queue = queue
+        # read back from the store: the processor's pull counted it in messages_out already
+        self.read_back = read_back
         self.msg = msg
         self.lane = lane
         self.priority = queue.priority_of(msg) if queue.max_priority else 0
@@ -469,6 +471,14 @@ class QueueState:
                 return c
         return None
 
+    def count_out(self, n: int) -> None:
+        """Deliveries from memory into /metrics' messages_out{protocol="amqp"}, once per run of
+        deliveries (read-backs are counted by the processor's pull, as for the MQTT door)."""
+        if n:
+            metrics = self.broker.processor.metrics
+            metrics.inc("messages_out", "amqp", n)
+            metrics.inc_topic("messages_out", "amqp", self.topic, n)
+
     async def _pump(self) -> None:
         broker = self.broker
         try:
@@ -488,10 +498,13 @@ class QueueState:
                         if n <= 0:
                             break
                         deliver = c.channel.deliver
+                        mem = 0
                         for _ in range(n):
                             lease = buf.popleft()
                             self.mem_bytes -= len(lease.msg.body)
                             deliver(c, lease)
+                            mem += not lease.read_back
+                        self.count_out(mem)
                         continue
                     c = self._next_consumer()
                     if c is None:
@@ -502,6 +515,8 @@ class QueueState:
                         await self._expired(lease)
                         continue
                     c.channel.deliver(c, lease)
+                    if not lease.read_back:
+                        self.count_out(1)
                 want = self._credit() if self.consumers else 0
                 if want > 0 and not buf:
                     got = await self._pull_spill(want)
@@ -633,7 +648,7 @@ class QueueState:
                 off = m.queue_offset
                 if check and lane.is_settled(off):
                     continue  # acked out of order before a restart
-                buf.append(Lease(self, m, 2 if off < hw else 1, off, lane))
+                buf.append(Lease(self, m, 2 if off < hw else 1, off, lane, read_back=True))
                 self.mem_bytes += len(m.body)
                 got += 1
             nxt = max(r.next_offset, start)
