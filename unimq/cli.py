@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     from spark_ingest import demo  # `unimq demo`: producers for the Spark story (imports clients lazily)
 
     demo.add_parser(sub)
+    from nameserver import cluster_cli  # `unimq cluster status`: asks the controller
+
+    cluster_cli.add_parser(sub)
     return parser
 
 
@@ -138,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from spark_ingest import demo
 
         return demo.run(args)
+    if args.command == "cluster":
+        from nameserver import cluster_cli
+
+        return cluster_cli.run(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
 
 

@@ -114,6 +114,16 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
     # Broker heartbeat to nameservers, and the lease after which a silent broker is dropped.
     heartbeat_s: float = 30.0
     nameserver_lease_s: float = 120.0
+    # The controller of replicated broker groups (README "Replication and failover: the controller"):
+    # `unimq controller`, or `unimq nameserver --controller` (embedded).
+    controller: bool = False
+    controller_port: int = 9880
+    controller_data_dir: str = "unimq-controller"
+    controller_raft_addr: str = "127.0.0.1:9881"  # bind address of pysyncobj's port (never 0.0.0.0)
+    controller_peers: str = ""  # every node's raft address, comma separated; empty: single node
+    controller_secret: str = ""
+    controller_lease_ms: int = 2500
+    allow_unclean_election: bool = False
     # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
     # Queues given to an auto-created topic, and to a declared topic that names none.

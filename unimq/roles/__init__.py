@@ -12,10 +12,10 @@ coroutines, so ``unimq --help`` stays fast.
 
 from __future__ import annotations
 
-from . import broker, gateway, merged, nameserver
+from . import broker, controller, gateway, merged, nameserver
 from .role import Role
 
 __all__ = ["ROLES", "Role"]
 
 #: Every role by its ``role`` setting, in the order ``unimq --help`` lists their commands.
-ROLES: dict[str, Role] = {r.name: r for r in (merged.ROLE, nameserver.ROLE, broker.ROLE, gateway.ROLE)}
+ROLES: dict[str, Role] = {r.name: r for r in (merged.ROLE, nameserver.ROLE, broker.ROLE, gateway.ROLE, controller.ROLE)}

@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from .common import port_arg
+from .controller import add_controller_arguments, start_controller
 from .role import Role
 
 if TYPE_CHECKING:
@@ -19,6 +20,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", dest="namesrv_port", type=port_arg, metavar="N", help="default 9876; 0 = free port")
     p.add_argument("--lease-s", dest="nameserver_lease_s", type=float, metavar="S",
                    help="drop a broker not heard from for this long (default 120)")
+    p.add_argument("--controller", dest="controller", action="store_true", default=None,
+                   help="also run a controller node in this process (flags below)")
+    add_controller_arguments(p)
 
 
 async def start_nameserver(node: Node) -> tuple[str, int]:
@@ -32,6 +36,8 @@ async def start_nameserver(node: Node) -> tuple[str, int]:
 
 async def _start(node: Node) -> None:
     await start_nameserver(node)
+    if node.settings.controller:
+        await start_controller(node)
 
 
 ROLE = Role(
