@@ -88,3 +88,35 @@ async def test_three_nodes_register_cas_elect_and_full_restart(tmp_path: Path) -
         assert (st.master_id, st.master_epoch, st.in_sync, st.in_sync_epoch) == ("b", 2, frozenset({"b"}), 3)
     finally:
         await _stop(nodes)
+
+
+async def _beat_until(node: RaftController, pred, broker: str = "b"):  # type: ignore[no-untyped-def]
+    st = None
+    for _ in range(100):
+        try:
+            st = await node.heartbeat("g", broker, "127.0.0.1:2", 1, 50)
+            if pred(st):
+                return st
+        except NotLeaderError:
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never reached: {st}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("unclean", [False, True])
+async def test_lapsed_master_with_no_live_in_sync_member(tmp_path: Path, unclean: bool) -> None:
+    (port,) = _free_ports(1)
+    addr = f"127.0.0.1:{port}"
+    node = RaftController(str(tmp_path), addr, [addr], secret="k", lease_ms=1000, allow_unclean_election=unclean)
+    await node.start()
+    try:
+        await _beat_until(node, lambda s: s.master_id == "a", broker="a")
+        await _beat_until(node, lambda s: "b" in s.members)  # b joins, never in sync
+        st = await _beat_until(node, lambda s: s.master_epoch == 2)  # a silent: its lease lapses
+        if unclean:
+            assert (st.master_id, st.in_sync) == ("b", frozenset({"b"}))
+        else:  # no master rather than data loss; the in-sync set (a) is kept
+            assert (st.master_id, st.master_addr, st.in_sync) == (None, None, frozenset({"a"}))
+    finally:
+        await node.stop()
