@@ -7,7 +7,6 @@ import asyncio
 from typing import Any
 
 from nameserver.client import parse_addresses
-from nameserver.controller_client import ControllerClient
 
 
 def add_parser(sub: Any) -> None:
@@ -39,6 +38,8 @@ def format_report(report: dict[str, dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from nameserver.controller_client import ControllerClient  # on use: `unimq --help` stays light
+
     async def go() -> dict[str, dict[str, Any]]:
         client = ControllerClient(parse_addresses(args.controller), timeout_s=args.timeout)
         await client.start()

@@ -22,19 +22,11 @@ from typing import Protocol
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from core_broker.errors import UnimqError
-from nameserver.controller_state import ControllerState, GroupState, LeaseTable
+from nameserver.controller_state import ControllerState, GroupState, LeaseTable, NotLeaderError
+
+__all__ = ["ControllerBackend", "NotLeaderError", "RaftController"]
 
 DEFAULT_LEASE_MS = 2500
-
-
-class NotLeaderError(UnimqError):
-    """This controller node is not the Raft leader; `leader` names the one to ask (or None)."""
-
-    code = "NOT_LEADER"
-
-    def __init__(self, leader: str | None) -> None:
-        super().__init__(f"not the controller leader; try {leader or 'later'}", leader=leader)
-        self.leader = leader
 
 
 class ControllerBackend(Protocol):

@@ -7,8 +7,7 @@ from typing import Any
 
 from core_broker.remoting.client import PeerUnavailableError, RpcClient
 from core_broker.remoting.wire import register_error
-from nameserver.controller import NotLeaderError
-from nameserver.controller_state import GroupNotFoundError, GroupState
+from nameserver.controller_state import GroupNotFoundError, GroupState, NotLeaderError
 from nameserver.controller_wire import group_from_wire
 
 register_error(NotLeaderError)

@@ -22,6 +22,16 @@ class GroupNotFoundError(UnimqError):
     code = "GROUP_NOT_FOUND"
 
 
+class NotLeaderError(UnimqError):
+    """This controller node is not the Raft leader; `leader` names the one to ask (or None)."""
+
+    code = "NOT_LEADER"
+
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the controller leader; try {leader or 'later'}", leader=leader)
+        self.leader = leader
+
+
 @dataclass(frozen=True)
 class GroupState:
     """A broker group as the controller knows it; what every controller call answers."""
