@@ -160,22 +160,28 @@ def _sh_script(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run one block in its own session; whatever it left in the background is killed after it."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return subprocess.CompletedProcess(cmd, -9, out + f"\n[timed out after {BLOCK_TIMEOUT_S} s]")
-    finally:
+def _run(cmd: list[str], env: dict[str, str], cwd: Path, out_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run one block in its own session; whatever it left in the background is killed after it.
+
+    Output goes to a file, not a pipe: a block may leave a process in the background (a
+    subscriber started with `&`) that would hold a pipe open after the block itself ended.
+    """
+    with out_path.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(cmd, proc.returncode, out)
+            rc = proc.wait(timeout=BLOCK_TIMEOUT_S)
+            note = ""
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = proc.wait()
+            note = f"\n[timed out after {BLOCK_TIMEOUT_S} s]"
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    return subprocess.CompletedProcess(cmd, rc, out_path.read_text() + note)
 
 
 @pytest.mark.timeout(BLOCK_TIMEOUT_S + 200)
@@ -189,10 +195,10 @@ def test_readme_block_runs_as_written(block: Block, make_run: Running, tmp_path:
     if block.lang == "sh":
         # A scratch copy of any file a block reads by a relative name would hide a missing file;
         # blocks run from the repository's root, exactly where a user pastes them.
-        res = _run(["bash", "-euo", "pipefail", "-c", _sh_script(text)], env, REPO_ROOT)
+        res = _run(["bash", "-euo", "pipefail", "-c", _sh_script(text)], env, REPO_ROOT, tmp_path / "out.txt")
     else:
         script = tmp_path / "block.py"
         script.write_text(text)
-        res = _run([str(REPO_ROOT / ".venv/bin/python"), str(script)], env, REPO_ROOT)
+        res = _run([str(REPO_ROOT / ".venv/bin/python"), str(script)], env, REPO_ROOT, tmp_path / "out.txt")
     assert make_run.proc.poll() is None, f"unimq exited while {block.id} ran:\n{res.stdout[-3000:]}"
     assert res.returncode == 0, f"{block.id} failed (exit {res.returncode}):\n{text}\n--- output ---\n{res.stdout[-4000:]}"

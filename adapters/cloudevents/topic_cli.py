@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.parse
@@ -20,6 +21,8 @@ import urllib.request
 from typing import Any
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
+# Set once in a shell instead of --endpoint on every command (as kubectl's KUBECONFIG or mc's MC_HOST_*).
+ENDPOINT_ENV = "UNIMQ_ENDPOINT"
 TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
 
 
@@ -32,8 +35,8 @@ def add_parser(sub: Any) -> None:
     )
     # The common options work before or after the action (`unimq topic list --endpoint URL`).
     def common(p: argparse.ArgumentParser, default: Any) -> None:
-        p.add_argument("--endpoint", default=DEFAULT_ENDPOINT if default is None else default,
-                       help=f"the HTTP door's base URL (default: {DEFAULT_ENDPOINT})")
+        p.add_argument("--endpoint", default=os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT if default is None else default,
+                       help=f"the HTTP door's base URL (default: ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT})")
         p.add_argument("--json", action="store_true", default=False if default is None else default,
                        help="print the server's JSON answer")
         p.add_argument("--timeout", type=float, default=10.0 if default is None else default,
