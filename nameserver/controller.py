@@ -101,15 +101,20 @@ class RaftController:
         self._raft = _RaftGroups(self_addr, [p for p in peers if p != self_addr], conf)
         self._leases: LeaseTable | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     # -- lifecycle
     async def start(self) -> None:
         self._task = asyncio.ensure_future(self._lease_loop())
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            # The loop also checks _stopping: a cancel that lands as a commit's future settles
+            # can be swallowed (asyncio.wait_for on 3.11 does that), and the loop would go on.
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=1.0)
         # destroy() joins pysyncobj's ticking thread: off the loop
         await asyncio.get_running_loop().run_in_executor(None, self._raft.destroy)
 
@@ -146,7 +151,8 @@ class RaftController:
             loop.call_soon_threadsafe(settle)
 
         getattr(self._raft, method)(*args, callback=done)
-        kind, value = await asyncio.wait_for(fut, 10)
+        async with asyncio.timeout(10):  # not wait_for: on 3.11 it can swallow a cancel
+            kind, value = await fut
         if kind == "err":
             assert isinstance(value, UnimqError)
             raise value
@@ -184,7 +190,7 @@ class RaftController:
     # -- elections
     async def _lease_loop(self) -> None:
         period = min(0.25, self.lease_s / 4)
-        while True:
+        while not self._stopping:
             await asyncio.sleep(period)
             if not self.is_leader():
                 self._leases = None  # a leader again later starts with no history
