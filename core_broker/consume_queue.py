@@ -35,22 +35,30 @@ class ConsumeQueue:
         self._cur = None
 
     def load(self) -> None:
-        """Find the highest written entry (non-zero size) in the last segment."""
+        """Find the highest written entry (non-zero size).
+
+        The last segment may hold no entry at all: ``ensure`` creates a segment before the
+        commitlog write of the put that needs it, and a crash (or a refused put) can come
+        between. Such trailing segments are skipped, so they cannot make the queue's end
+        jump to their first offset over entries that were never written.
+        """
         self.files.load()
         files = self.files.files
         if not files:
             return
         self.min_offset = files[0].base // ENTRY_SIZE
-        last = files[-1]
-        lo, hi = 0, last.size // ENTRY_SIZE  # entries are written in order: binary search
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _unpack_from(last.mm, mid * ENTRY_SIZE)[1] != 0:
-                lo = mid + 1
-            else:
-                hi = mid
-        self.max_offset = last.base // ENTRY_SIZE + lo
-        self._set_cur(last)
+        for last in reversed(files):
+            lo, hi = 0, last.size // ENTRY_SIZE  # entries are written in order: binary search
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if _unpack_from(last.mm, mid * ENTRY_SIZE)[1] != 0:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            self.max_offset = last.base // ENTRY_SIZE + lo
+            if lo or last is files[0]:
+                break
+        self._set_cur(self.files.find(self.max_offset * ENTRY_SIZE) or files[-1])
 
     def _set_cur(self, mf) -> None:
         self._cur = mf
@@ -114,7 +122,8 @@ class ConsumeQueue:
         cut = False
         while self.max_offset > self.min_offset:
             e = self.entry(self.max_offset - 1)
-            if e is None or e[0] + e[1] <= phys_end:
+            # A zero entry is a hole (never written), not a message: cut it like a torn one.
+            if e is None or (e[1] != 0 and e[0] + e[1] <= phys_end):
                 break
             mf = self.files.find((self.max_offset - 1) * ENTRY_SIZE)
             _pack_into(mf.mm, (self.max_offset - 1) * ENTRY_SIZE - mf.base, 0, 0, 0)  # type: ignore[union-attr]
