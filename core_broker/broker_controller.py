@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .config import BrokerConfig, FlushMode, StoreConfig
+from .config import BrokerConfig, StoreConfig
 from .deadline_loop import DeadlineLoop
 from .errors import BadRequestError, TopicNotFoundError, UnimqError
 from .filter import compile_filter
@@ -75,9 +75,9 @@ class BrokerController:
         self.config = config or BrokerConfig()
         self.name = self.config.broker_name
         self.store = MessageStore(store_config)
-        # under async flush a write is done once in the mapping: the hot paths skip the
-        # (then empty) wait_durable coroutine
-        self._sync_flush = store_config.flush == FlushMode.SYNC
+        # When a put may be acknowledged (store.durability): under async flush and without
+        # replicas a write is done once in the mapping, and the hot paths skip the wait.
+        self.durability = self.store.durability
         self.journal = Journal(self.store)
         self.timers = TimerService(self.store, self.journal, self.notify)
         self.transactions = TransactionService(self.store, self.journal, self.config, self.notify)
@@ -105,7 +105,8 @@ class BrokerController:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.store.start)
+        if not self.store.running:  # a promoted replica's store is open already
+            await asyncio.to_thread(self.store.start)
         state = await asyncio.to_thread(read_json, self._state_path, {})
         self.pops.load(state.get("pop"))
         self.timers.tracker = type(self.timers.tracker).from_json(state.get("timer"))
@@ -119,6 +120,12 @@ class BrokerController:
             if op == "kv":
                 self._apply_kv(data)
                 continue
+            if op == "topic":  # topic configs follow the journal (a promoted replica has them)
+                self.store.topics.put(TopicConfig(**data))
+                continue
+            if op == "tdel":
+                for t in data["t"]:
+                    self.store.topics.discard(t)
             if op == "off":
                 self.store.offsets.commit(data["g"], data["t"], data["q"], data["o"])
                 continue
@@ -331,10 +338,17 @@ class BrokerController:
     # ------------------------------------------------------------------ topics
 
     def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
-        return self.store.topics.create(tc, exist_ok=exist_ok)
+        self.durability.check_writable()
+        r = self.store.topics.create(tc, exist_ok=exist_ok)
+        if r is tc:  # new: journaled, so replicas (and a promoted replica) have it
+            self.journal.append("topic", tc.to_json())
+        return r
 
     def update_topic(self, tc: TopicConfig) -> TopicConfig:
-        return self.store.topics.update(tc)
+        self.durability.check_writable()
+        r = self.store.topics.update(tc)
+        self.journal.append("topic", tc.to_json())
+        return r
 
     def delete_topic(self, name: str) -> None:
         self.store.topics.delete(name)
@@ -367,7 +381,9 @@ class BrokerController:
 
     def ensure_system_topic(self, name: str) -> None:
         if self.store.topics.get(name) is None:
-            self.store.topics.create(TopicConfig(name, queues=1, system=True), exist_ok=True)
+            tc = TopicConfig(name, queues=1, system=True)
+            if self.store.topics.create(tc, exist_ok=True) is tc:
+                self.journal.append("topic", tc.to_json())
             if self.on_topics_changed is not None:
                 self.on_topics_changed()  # separated mode: the nameservers learn of it now
 
@@ -377,6 +393,7 @@ class BrokerController:
         self, msgs: Sequence[Message], *, transactional: bool = False, producer_group: str = ""
     ) -> list[tuple[PutResult, str | None]]:
         """Store messages whose queue the caller chose. Returns (result, transaction id)."""
+        self.durability.check_writable()  # a replica, or too few in-sync replicas: refused unwritten
         if not transactional:
             for m in msgs:
                 if m.delivery_time_ms:  # maybe one to schedule: the general path decides
@@ -387,13 +404,13 @@ class BrokerController:
                     r = store.put_nowait(msgs[0])
                     if self._waiters:
                         self._notify_sent(msgs)
-                    if self._sync_flush:
+                    if self.durability.waits:
                         await store.wait_durable(r)
                     return [(r, None)]
                 results = store.put_batch_nowait(msgs)
                 if self._waiters:
                     self._notify_sent(msgs)
-                if self._sync_flush:
+                if self.durability.waits:
                     # written in order under the store lock: the last record ends furthest
                     await store.wait_durable(results[-1])
                 return [(r, None) for r in results]
@@ -495,7 +512,7 @@ class BrokerController:
 
     async def ack(self, group: str, receipt_handle: str) -> None:
         r = self.pops.ack(group, receipt_handle)
-        if self._sync_flush:
+        if self.durability.waits:
             await self.store.wait_durable(r)
 
     async def ack_batch(self, group: str, receipt_handles: Sequence[str]) -> list[str | None]:

@@ -81,3 +81,26 @@ class BrokerWriteBlockedError(UnimqError):
     """The broker is read-only (draining for scale-in); send to another broker."""
 
     code = "FORBIDDEN"
+
+
+class NotEnoughInSyncReplicasError(UnimqError):
+    """Replication: fewer in-sync members than ``min_insync_replicas`` hold the put.
+
+    Retriable: raised before anything is written when the in-sync set is too small,
+    or while waiting when acknowledgements do not come in time (then the write may
+    exist on some members but was never acknowledged to the client).
+    """
+
+    code = "NOT_ENOUGH_REPLICAS"
+
+
+class NotMasterError(UnimqError):
+    """Replication: this broker is a replica (or has no role yet); writes go to the master."""
+
+    code = "NOT_MASTER"
+
+
+class ReplicaOffsetMismatchError(UnimqError):
+    """Replication: bytes offered to a replica do not start where its log ends."""
+
+    code = "REPLICA_OFFSET_MISMATCH"

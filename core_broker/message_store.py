@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
 from . import record
+from . import log_copy
 from .commitlog import CommitLog
 from .config import FlushMode, StoreConfig
 from .consume_queue import ENTRY as CQ_ENTRY, ConsumeQueue, unsafe
@@ -46,6 +47,7 @@ from .errors import (
     StoreClosedError,
     StoreFullError,
 )
+from .durability import DurabilityPolicy
 from .flush_service import FlushService
 from .index_file import IndexService
 from .json_file import read_json, write_json_atomic
@@ -170,6 +172,8 @@ class MessageStore:
         self._sync = config.flush == FlushMode.SYNC
         self._max_size = config.max_message_size
         self._flush: FlushService | None = None
+        # When a put may be acknowledged (local flush, and replicas once a group's master).
+        self.durability = DurabilityPolicy(self._sync, self._flush_future)
         self._put_queues: dict[asyncio.AbstractEventLoop, _PutGroup] = {}  # sync-mode put_async groups per loop
         self._housekeeping: threading.Thread | None = None
         self._hk_stop = threading.Event()
@@ -196,6 +200,9 @@ class MessageStore:
         self.commitlog.load()
         self.index.load()
         self._load_consume_queues()
+        cut = log_copy.resume_truncation(self)  # before recovery: never serve bytes being cut
+        if cut is not None:
+            log.warning("finished a truncation a crash interrupted: the log ends at %d at most", cut)
         self._recover()
         fd = os.open(self.abort_marker_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.fsync(fd)
@@ -328,6 +335,7 @@ class MessageStore:
 
     def _checkpoint(self, safe: int) -> None:
         """Everything below ``safe`` is in the commitlog and dispatched; make that durable."""
+        safe = min(safe, self.commitlog.write_pos)  # a truncation may have cut the log meanwhile
         self._sync_indexes()
         write_json_atomic(self.checkpoint_path, {"safe": safe, "ts": int(time.time() * 1000)})
 
@@ -917,9 +925,55 @@ class MessageStore:
         return r
 
     async def wait_durable(self, r: PutResult) -> None:
-        """In sync flush mode, wait (without blocking the loop) until ``r`` is on disk."""
+        """Wait (without blocking the loop) until ``r`` may be acknowledged: see DurabilityPolicy."""
+        await self.durability.wait(r.commitlog_offset + r.store_size)
+
+    async def _flush_future(self, end: int) -> None:
+        await self._flush.future(end)  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------ replication seams
+
+    @property
+    def write_pos(self) -> int:
+        """End of the last whole record written."""
+        return self.commitlog.write_pos
+
+    def flushed_pos(self) -> int:
+        """How far fdatasync has covered the log (the write position under async flush)."""
+        if not self._sync or self._flush is None:
+            return self.commitlog.write_pos
+        return min(self._flush.flushed, self.commitlog.write_pos)
+
+    async def wait_flushed(self, end: int) -> None:
         if self._sync:
-            await self._flush.future(r.commitlog_offset + r.store_size)  # type: ignore[union-attr]
+            await self._flush.future(end)  # type: ignore[union-attr]
+
+    def read_log(self, start: int, max_bytes: int) -> tuple[int, bytes]:
+        """Whole records from ``start`` as bytes (see core_broker.log_copy)."""
+        return log_copy.read_log(self, start, max_bytes)
+
+    def append_replicated(self, start: int, data: bytes) -> int:
+        """A master's bytes written at the same offsets, dispatched (see core_broker.log_copy)."""
+        if not self._running:
+            raise StoreClosedError("the store is not running")
+        return log_copy.append_replicated(self, start, data)
+
+    def truncate_to(self, offset: int) -> None:
+        """Cut the log at ``offset`` crash-safely (see core_broker.log_copy)."""
+        log_copy.truncate_to(self, offset)
+
+    def adopt_store_id(self, store_id: str) -> None:
+        """Take a group master's store id: server message ids encode it with the record's
+        offset, and a replica holds the same records at the same offsets, so after a
+        failover the ids clients were given still find their messages."""
+        if store_id == self.store_id:
+            return
+        (self.root / "store_id").write_text(store_id)
+        self.store_id = store_id
+        self._id_prefix = ID_VERSION + store_id
+        self._id_hi = self._id_prefix.replace("%", "%%") + "%012X"
+        self._id_key = -1
+        self._id_head = ""
 
     def put_batch_nowait(self, msgs: Sequence[Message]) -> list[PutResult]:
         """Batch write without waiting for the flush; pair with :meth:`wait_durable`."""

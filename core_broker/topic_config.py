@@ -113,6 +113,18 @@ class TopicConfigManager:
             self._save()
         return tc
 
+    def put(self, tc: TopicConfig) -> None:
+        """Set a topic as a journal replay found it (create or replace, no checks)."""
+        with self._lock:
+            if self.topics.get(tc.name) != tc:
+                self.topics[tc.name] = tc
+                self._save()
+
+    def discard(self, name: str) -> None:
+        with self._lock:
+            if self.topics.pop(name, None) is not None:
+                self._save()
+
     def _save(self) -> None:
         # Blocking write on purpose: topic changes are rare admin events, and a created
         # topic must be durable before the caller is told it exists.
