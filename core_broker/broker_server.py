@@ -25,7 +25,8 @@ from .model import StoredMessage
 from .remoting.client import RpcClient
 from .remoting.rows import get_result_to_block, messages_from_block, popped_to_block, put_results_to_block
 from .remoting.server import RpcServer
-from .errors import BrokerWriteBlockedError
+from .errors import BrokerWriteBlockedError, NotMasterError
+from .replication.service import ReplicationConfig, ReplicationService
 from .topic_config import PERM_RW, PERM_WRITE, TopicConfig
 
 log = logging.getLogger("unimq.broker_server")
@@ -35,8 +36,10 @@ REMOTE_METHODS = [
     "describe_topic", "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
     "commit_offset", "get_offset", "query_offset", "query_by_id", "query_by_key", "kv_put", "kv_get",
     "kv_items", "kv_get_versioned", "kv_items_versioned", "poll_transaction_checks", "transaction_check_outcome",
-    "consumer_lag", "store_stats",
+    "consumer_lag", "store_stats", "repl_hello", "repl_fetch", "repl_state",
 ]
+# What a replica (or a group member with no role yet) answers; everything else is its master's.
+REPLICA_METHODS = frozenset({"ping", "repl_hello", "repl_fetch", "repl_state"})
 
 
 class BrokerServer:
@@ -47,15 +50,21 @@ class BrokerServer:
         nameservers: list[tuple[str, int]],
         heartbeat_s: float = 30.0,
         advertised_host: str = "127.0.0.1",
+        replication: ReplicationConfig | None = None,
+        broker_id: str = "",
     ) -> None:
         self.controller = BrokerController(store_config, broker_config)
         self.name = broker_config.broker_name
+        # A member of a replicated group (the group is its name with the nameservers): its
+        # role comes from the controller (unimq/group_member.py), not from this process.
+        self.replication = ReplicationService(self.controller, broker_id or self.name, replication) if replication else None
         self.nameservers = [RpcClient(h, p, connect_timeout=2.0) for h, p in nameservers]
         self.heartbeat_s = heartbeat_s
         self.perm = PERM_RW
         self.advertised_host = advertised_host
         self.address = ""
-        self._rpc = RpcServer(self, REMOTE_METHODS, f"broker {self.name}", on_connections=self._connections)
+        self._rpc = RpcServer(self, REMOTE_METHODS, f"broker {self.name}", on_connections=self._connections,
+                              guard=self._guard if self.replication is not None else None)
         self._heartbeat: asyncio.Task | None = None
         self._checks: asyncio.Queue[list[Any]] = asyncio.Queue(maxsize=10_000)
         self._offered: set[str] = set()  # transactions with a check waiting in _checks
@@ -66,30 +75,78 @@ class BrokerServer:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        await self.controller.start()
-        # Checks go out through gateways: while none is connected (a broker starting before
-        # them, a whole cluster stopping gateways first), they would be counted unheard.
-        self.controller.transactions.hold_checks = self._no_gateway
-        self.controller.set_transaction_checker(self._queue_check)
-        self.controller.on_topics_changed = self._topics_changed
+        if self.replication is not None:  # the store alone until the controller names a role
+            await asyncio.to_thread(self.controller.store.start)
+            await self.replication.start()
+            h, p = await self._rpc.start(host, port)
+            self.address = f"{self.advertised_host if host in ('0.0.0.0', '::') else h}:{p}"
+            return h, p
+        await self._start_services()
         h, p = await self._rpc.start(host, port)
         self.address = f"{self.advertised_host if host in ('0.0.0.0', '::') else h}:{p}"
         await self.register()
         self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
         return h, p
 
+    async def promote(self) -> None:
+        """A group member became master: start the broker's services on its copy, register."""
+        assert self.replication is not None
+        if self.controller.started:
+            return
+        await self.replication.prepare_promotion()
+        await self._start_services()
+        await self.register()
+        if self._heartbeat is None:
+            self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
+
+    def _guard(self, method: str) -> None:
+        r = self.replication
+        if r is not None and method not in REPLICA_METHODS and (r.role != "master" or not self.controller.started):
+            raise NotMasterError(f"broker {r.broker_id} is not the master of group {self.name}")
+
+    def repl_hello(self, broker_id: str) -> dict:
+        return self._replication().repl_hello(broker_id)
+
+    async def repl_fetch(self, broker_id: str, start: int, written: int, flushed: int, max_bytes: int, wait_ms: int) -> dict:
+        return await self._replication().repl_fetch(broker_id, start, written, flushed, max_bytes, wait_ms)
+
+    def repl_state(self) -> dict:
+        return self._replication().repl_state()
+
+    def _replication(self) -> ReplicationService:
+        if self.replication is None:
+            raise NotMasterError(f"broker {self.name} is not in a replicated group")
+        return self.replication
+
+    async def _start_services(self) -> None:
+        await self.controller.start()
+        # Checks go out through gateways: while none is connected (a broker starting before
+        # them, a whole cluster stopping gateways first), they would be counted unheard.
+        self.controller.transactions.hold_checks = self._no_gateway
+        self.controller.set_transaction_checker(self._queue_check)
+        self.controller.on_topics_changed = self._topics_changed
+
     async def stop(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         if self._registering is not None:
             self._registering.cancel()
+        # A replica never registered: the group's name belongs to its master's address.
+        registered = self.replication is None or self.controller.started
         for ns in self.nameservers:
-            try:
-                await ns.call("unregister_broker", self.name, rpc_timeout=1.0)
-            except Exception:
-                pass
+            if registered:
+                try:
+                    await ns.call("unregister_broker", self.name, rpc_timeout=1.0)
+                except Exception:
+                    pass
             await ns.close()
         await self._rpc.stop()
+        if self.replication is not None:
+            await self.replication.stop()
+            if not self.controller.started:  # a replica: only its store is open
+                if self.controller.store.running:
+                    await asyncio.to_thread(self.controller.store.shutdown)
+                return
         while not self._checks.empty():  # checks no gateway took: they did not happen
             _, _, _, tid = self._checks.get_nowait()
             self.controller.transactions.uncount_check(tid)
@@ -106,7 +163,8 @@ class BrokerServer:
         topics = self._topics()
         for ns in self.nameservers:
             try:
-                await ns.call("register_broker", self.name, self.address, self.perm, topics, rpc_timeout=3.0)
+                await ns.call("register_broker", self.name, self.address, self.perm, topics,
+                              replicated=self.replication is not None, rpc_timeout=3.0)
                 ok += 1
             except Exception as e:
                 log.debug("nameserver %s unreachable: %s", ns.address, e)

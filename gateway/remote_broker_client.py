@@ -21,7 +21,7 @@ import time
 from typing import Any, Sequence
 
 from core_broker.broker_controller import QueueStats, TopicStats, kv_version
-from core_broker.errors import TopicExistsError, TopicNotFoundError
+from core_broker.errors import NotEnoughInSyncReplicasError, NotMasterError, TopicExistsError, TopicNotFoundError
 from core_broker.model import FilterExpression, GetResult, Message, PutResult, StoredMessage
 from core_broker.pop_service import PoppedMessage
 from core_broker.remoting.client import PeerUnavailableError, RpcClient
@@ -47,8 +47,13 @@ class RemoteBrokerClient:
 
     reads_raw = False  # the store's bytes are in another process: readers use pull()
 
-    def __init__(self, nameservers: list[tuple[str, int]], route_ttl_s: float = 30.0, isolate_s: float = 15.0) -> None:
+    def __init__(self, nameservers: list[tuple[str, int]], route_ttl_s: float = 30.0, isolate_s: float = 15.0,
+                 failover_retry_s: float = 15.0) -> None:
         self.ns = NameserverClient(nameservers)
+        # How long a send to a replicated group waits for a new master (election after the
+        # controller's lease, default 2.5 s, then one heartbeat to register it).
+        self.failover_retry_s = failover_retry_s
+        self._replicated: set[str] = set()  # brokers that are replicated groups
         self.route_ttl_s = route_ttl_s
         self.isolate_s = isolate_s
         self._clients: dict[str, RpcClient] = {}
@@ -131,6 +136,10 @@ class RemoteBrokerClient:
             raise
         for b in brokers:
             self._note_address(b["name"], b["address"])
+            if b.get("replicated"):
+                self._replicated.add(b["name"])
+            else:
+                self._replicated.discard(b["name"])
         self._broker_list = (brokers, time.monotonic())
         if self._checker is not None:
             self._start_pollers()
@@ -275,8 +284,30 @@ class RemoteBrokerClient:
     async def send(
         self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
     ) -> list[tuple[PutResult, str | None]]:
-        block = await self._call(broker, "send", messages_to_block(msgs), transactional, producer_group)
-        return put_results_from_block(block)
+        rows = messages_to_block(msgs)
+        deadline = 0.0
+        while True:
+            try:
+                block = await self._call(broker, "send", rows, transactional, producer_group)
+                return put_results_from_block(block)
+            except (PeerUnavailableError, NotMasterError, NotEnoughInSyncReplicasError) as e:
+                # A replicated group's master failed: another member takes its name over within
+                # a few heartbeats, so wait for the nameservers to route there and send again
+                # (an unreplicated broker fails at once: the processor sends elsewhere). A new
+                # master starts with itself alone in sync until a replica has caught up with it:
+                # within a failover that wait is part of it; outside one, too few in-sync
+                # replicas is the answer the client gets at once.
+                if broker not in self._replicated or (isinstance(e, NotEnoughInSyncReplicasError) and not deadline):
+                    raise
+                now = time.monotonic()
+                deadline = deadline or now + self.failover_retry_s
+                if now >= deadline:
+                    raise
+                await asyncio.sleep(0.25)
+                try:
+                    await self._brokers(refresh=True)
+                except PeerUnavailableError:
+                    pass
 
     async def end_transaction(self, broker: str, transaction_id: str, commit: bool, source: str) -> None:
         await self._call(broker, "end_transaction", transaction_id, commit, source)

@@ -22,6 +22,9 @@ class BrokerInfo:
     perm: int  # broker-wide permission: RW, read-only (write-blocked) or none
     topics: dict[str, dict]  # name -> {"queues", "queue_base", "perm", "type"}
     last_seen: float = field(default_factory=time.monotonic)
+    # A replicated group's master: when it fails, another member takes the name over (gateways
+    # retry a failed send on it rather than give up on the broker).
+    replicated: bool = False
 
 
 class RouteTable:
@@ -29,8 +32,9 @@ class RouteTable:
         self.lease_s = lease_s
         self.brokers: dict[str, BrokerInfo] = {}
 
-    def register(self, name: str, address: str, perm: int, topics: dict[str, dict], now: float | None = None) -> None:
-        self.brokers[name] = BrokerInfo(name, address, perm, topics, time.monotonic() if now is None else now)
+    def register(self, name: str, address: str, perm: int, topics: dict[str, dict], now: float | None = None,
+                 replicated: bool = False) -> None:
+        self.brokers[name] = BrokerInfo(name, address, perm, topics, time.monotonic() if now is None else now, replicated)
 
     def unregister(self, name: str) -> None:
         self.brokers.pop(name, None)
@@ -68,6 +72,6 @@ class RouteTable:
     def list_brokers(self, now: float | None = None) -> list[dict]:
         self.expire(now)
         return [
-            {"name": b.name, "address": b.address, "perm": b.perm, "topics": sorted(b.topics)}
+            {"name": b.name, "address": b.address, "perm": b.perm, "topics": sorted(b.topics), "replicated": b.replicated}
             for b in sorted(self.brokers.values(), key=lambda b: b.name)
         ]

@@ -19,10 +19,12 @@ class NameServer:
         self._expiry: asyncio.Task | None = None
 
     # -- remote methods
-    def register_broker(self, name: str, address: str, perm: int, topics: dict) -> dict:
-        known = name in self.table.brokers
-        self.table.register(name, address, perm, topics)
-        if not known:
+    def register_broker(self, name: str, address: str, perm: int, topics: dict, replicated: bool = False) -> dict:
+        old = self.table.brokers.get(name)
+        self.table.register(name, address, perm, topics, replicated=replicated)
+        if old is not None and old.address != address:
+            log.warning("broker %s moved from %s to %s (a new master of its group)", name, old.address, address)
+        if old is None:
             log.info("broker %s registered at %s with %d topics", name, address, len(topics))
         return {"lease_s": self.table.lease_s}
 

@@ -124,6 +124,17 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
     controller_secret: str = ""
     controller_lease_ms: int = 2500
     allow_unclean_election: bool = False
+    # A replicated broker group (README "Replicated broker groups"): `unimq broker --group G
+    # --broker-id ID --controller-addr H:P,...`. Empty: an unreplicated broker.
+    group: str = ""
+    broker_id: str = ""  # this member's id in its group: stable across restarts
+    controller_addr: str = ""  # the controller's client addresses (host:port[,host:port])
+    min_insync_replicas: int = 1  # members (master included) that hold a put before it is acked
+    replica_lag_max_ms: int = 5000  # a replica behind longer than this leaves the in-sync set
+    replica_lag_max_bytes: int = 64 << 20  # ... or further behind than this
+    replica_ack_timeout_ms: int = 5000  # a put not acked by enough replicas in time fails (retriable)
+    group_heartbeat_ms: int = 500  # how often a member tells the controller its log end
+    broker_priority: int = 0  # elections: among equally advanced members the higher wins
     # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
     # Queues given to an auto-created topic, and to a declared topic that names none.
@@ -149,6 +160,11 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if role.needs_namesrv and not self.namesrv:
             raise ValueError(f"the {self.role} role needs nameserver addresses (namesrv = \"host:port\")")
+        if self.group:
+            if not self.broker_id or not self.controller_addr:
+                raise ValueError("a broker in a group needs broker_id and controller_addr (--broker-id, --controller-addr)")
+            if self.min_insync_replicas < 1:
+                raise ValueError(f"min_insync_replicas must be at least 1, got {self.min_insync_replicas}")
         level = str(self.log_level).lower()
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")

@@ -93,6 +93,8 @@ STATUS_OF_CODE = {
     "CORRUPT_RECORD": 500,
     "INTERNAL_ERROR": 500,
     "SERVICE_UNAVAILABLE": 503,
+    "NOT_ENOUGH_REPLICAS": 503,  # retriable: the group's in-sync set is below min_insync_replicas
+    "NOT_MASTER": 503,  # retriable: a failover is under way
     "MASTER_PERSISTENCE_TIMEOUT": 504,
     "STORE_FULL": 507,
 }

@@ -23,10 +23,13 @@ class RpcServer:
     def __init__(
         self, target: Any, methods: Iterable[str], name: str = "rpc",
         on_connections: Callable[[int], None] | None = None,
+        guard: Callable[[str], None] | None = None,
     ) -> None:
         """``on_connections(n)`` runs whenever the number of open connections changes (a broker
-        learns whether any gateway is connected)."""
+        learns whether any gateway is connected). ``guard(method)`` runs before each call and
+        may refuse it with a typed error (a replica refuses what only its master serves)."""
         self.target = target
+        self.guard = guard
         self.on_connections = on_connections
         self.methods = {m: getattr(target, m) for m in methods}
         self.name = name
@@ -88,6 +91,8 @@ class RpcServer:
         try:
             if fn is None:
                 raise AttributeError(f"no remote method {method!r}")
+            if self.guard is not None:
+                self.guard(method)
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result

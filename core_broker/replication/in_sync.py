@@ -1,0 +1,165 @@
+"""The master's view of its replicas: who holds what, who is in sync, when a put may be acked.
+
+Replicas report how far they have written (and, under sync flush, fdatasynced)
+the log with every fetch. A put ending at offset E may be acknowledged once
+``min_insync_replicas`` members of the in-sync set hold E, the master counting
+as one (its own flush is the DurabilityPolicy's first condition). With fewer
+in-sync members than that, puts are refused before they are written
+(:meth:`InSyncTracker.check_writable`), and a put whose acknowledgements do not
+come within ``ack_timeout_s`` fails with the same retriable error: it may exist
+on some members, but no client was told it is stored.
+
+The in-sync set itself belongs to the controller (compare-and-set on its epoch);
+this class only proposes changes (:meth:`proposal`): a member silent or behind
+for more than ``lag_max_ms``, or more than ``lag_max_bytes`` behind, leaves; one
+that caught up with the master's log rejoins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from dataclasses import dataclass
+
+from ..errors import NotEnoughInSyncReplicasError
+
+__all__ = ["InSyncTracker", "ReplicaProgress"]
+
+
+@dataclass
+class ReplicaProgress:
+    broker_id: str
+    written: int = 0
+    flushed: int = 0
+    caught_up_at: float = 0.0  # monotonic time it last held everything the master had
+    lag_bytes: int = 0
+    reported_at: float = 0.0  # a replica that stops fetching (dead, partitioned) is behind too
+
+    def lag_ms(self, now: float) -> int:
+        return 0 if self.lag_bytes == 0 else int((now - self.caught_up_at) * 1000)
+
+
+class InSyncTracker:
+    def __init__(self, self_id: str, min_insync: int, lag_max_ms: int, lag_max_bytes: int,
+                 sync_flush: bool, ack_timeout_s: float, async_replicas: frozenset[str] = frozenset()) -> None:
+        self.self_id = self_id
+        self.min_insync = min_insync
+        self.lag_max_ms = lag_max_ms
+        self.lag_max_bytes = lag_max_bytes
+        self.sync_flush = sync_flush
+        self.ack_timeout_s = ack_timeout_s
+        self.async_replicas = async_replicas  # disaster-recovery copies: never counted for acks
+        self.in_sync: frozenset[str] = frozenset({self_id})
+        self.in_sync_epoch = 0
+        self.progress: dict[str, ReplicaProgress] = {}
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self.writable = True  # False while not master: check_writable refuses
+
+    # -- what replicas report
+    def report(self, broker_id: str, written: int, flushed: int, master_end: int) -> None:
+        p = self.progress.get(broker_id)
+        if p is None:
+            p = self.progress[broker_id] = ReplicaProgress(broker_id, caught_up_at=time.monotonic())
+        p.written, p.flushed = written, flushed
+        p.reported_at = time.monotonic()
+        p.lag_bytes = max(0, master_end - written)
+        if p.lag_bytes == 0:
+            p.caught_up_at = time.monotonic()
+        self._wake()
+
+    def _held(self, p: ReplicaProgress) -> int:
+        return p.flushed if self.sync_flush else p.written
+
+    def acked_end(self) -> int:
+        """The highest offset min_insync members hold (the master holds everything)."""
+        need = self.min_insync - 1
+        if need <= 0:
+            return 1 << 62
+        held = sorted(
+            (self._held(p) for b, p in self.progress.items()
+             if b in self.in_sync and b != self.self_id and b not in self.async_replicas),
+            reverse=True,
+        )
+        return held[need - 1] if len(held) >= need else -1
+
+    # -- the ReplicaCondition the store's DurabilityPolicy asks
+    def check_writable(self) -> None:
+        if not self.writable:
+            from ..errors import NotMasterError
+
+            raise NotMasterError("this broker is not the master of its group")
+        counted = len([b for b in self.in_sync if b not in self.async_replicas])
+        if counted < self.min_insync:
+            raise NotEnoughInSyncReplicasError(
+                f"only {counted} of the {self.min_insync} in-sync replicas this group needs are in sync "
+                f"({', '.join(sorted(self.in_sync))}); retry shortly"
+            )
+
+    async def wait(self, end: int) -> None:
+        if self.acked_end() >= end:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (end, next(self._seq), fut))
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.ack_timeout_s)
+        except asyncio.TimeoutError:
+            raise NotEnoughInSyncReplicasError(
+                f"not acknowledged by {self.min_insync} in-sync replicas within {self.ack_timeout_s:g} s; retry"
+            ) from None
+
+    def _wake(self) -> None:
+        w = self._waiters
+        if not w:
+            return
+        acked = self.acked_end()
+        while w and w[0][0] <= acked:
+            fut = heapq.heappop(w)[2]
+            if not fut.done():
+                fut.set_result(None)
+
+    def fail_waiters(self, exc: BaseException) -> None:
+        """The broker stopped being master: nobody waiting will be acknowledged here."""
+        w, self._waiters = self._waiters, []
+        for _, _, fut in w:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def start_term(self, in_sync: frozenset[str], epoch: int) -> None:
+        """Taking office: every in-sync member gets ``lag_max_ms`` to report to this master."""
+        now = time.monotonic()
+        self.progress = {b: ReplicaProgress(b, caught_up_at=now, reported_at=now) for b in in_sync if b != self.self_id}
+        self.in_sync, self.in_sync_epoch = frozenset(in_sync) | {self.self_id}, epoch
+        self.writable = True
+
+    # -- the in-sync set
+    def set_in_sync(self, in_sync: frozenset[str], epoch: int) -> None:
+        if epoch >= self.in_sync_epoch:
+            self.in_sync, self.in_sync_epoch = frozenset(in_sync), epoch
+            self._wake()
+
+    def proposal(self, members: frozenset[str], master_end: int) -> frozenset[str] | None:
+        """The in-sync set this master would have now, or None if it is the current one."""
+        now = time.monotonic()
+        new = set(self.in_sync) | {self.self_id}
+        for b in members - {self.self_id}:
+            p = self.progress.get(b)
+            if b in self.async_replicas:
+                new.discard(b)
+                continue
+            if p is None:
+                continue
+            lag_s = self.lag_max_ms / 1000
+            behind = (
+                p.lag_bytes > self.lag_max_bytes
+                or (p.lag_bytes > 0 and now - p.caught_up_at > lag_s)
+                or now - p.reported_at > lag_s
+            )
+            if b in new and behind:
+                new.discard(b)
+            elif b not in new and not behind and p.lag_bytes == 0 and self._held(p) >= master_end:
+                new.add(b)
+        new_set = frozenset(new)
+        return None if new_set == self.in_sync else new_set
