@@ -26,13 +26,24 @@ from typing import Any
 
 from pamqp import commands as C
 
-from core_broker.errors import MessageTooLargeError, StoreFullError, TopicNotFoundError, UnimqError
+from core_broker.errors import (
+    MessageTooLargeError,
+    NotEnoughInSyncReplicasError,
+    NotMasterError,
+    StoreFullError,
+    TopicNotFoundError,
+    UnimqError,
+)
 from gateway.context import RequestContext
 
 from . import codec
 from .broker import UNBOUNDED_CREDIT, AmqpBroker, AmqpError, Lease, QueueState, VHost, _args_key
 from .mapping import build_message, encoded_delivery
 from .routing import EXCHANGE_TYPES, Binding, Exchange
+
+# Refusals a client may retry (a soft 506 channel error, and basic.nack under confirms): the
+# disk is full, or a replicated group has too few in-sync replicas or is changing masters.
+_RETRIABLE = (StoreFullError, NotEnoughInSyncReplicasError, NotMasterError)
 
 log = logging.getLogger("unimq.amqp")
 
@@ -429,7 +440,7 @@ class AmqpConnection(asyncio.Protocol):
             return AmqpError(codec.NOT_FOUND, str(e), *cm)
         if isinstance(e, MessageTooLargeError):
             return AmqpError(codec.PRECONDITION_FAILED, str(e), *cm)
-        if isinstance(e, StoreFullError):
+        if isinstance(e, _RETRIABLE):
             return AmqpError(codec.RESOURCE_ERROR, str(e), *cm)
         return AmqpError(codec.INTERNAL_ERROR, f"{e.code}: {e}", *cm, hard=True)
 
@@ -816,7 +827,7 @@ class AmqpConnection(asyncio.Protocol):
                 if not ch.closing:
                     self.write(codec.encode_method(ch.number, codec.method(C.Basic.Nack, delivery_tag=seq,
                                                                            multiple=True, requeue=False)))
-            code = codec.RESOURCE_ERROR if isinstance(e, StoreFullError) else codec.INTERNAL_ERROR
+            code = codec.RESOURCE_ERROR if isinstance(e, _RETRIABLE) else codec.INTERNAL_ERROR
             for ch in failed:
                 if ch.number in self.channels:
                     self.close_channel(ch.number, code, f"{codec.REPLY_TEXT[code]} - message not stored: {e}", 60, 40)
