@@ -52,6 +52,7 @@ class BrokerServer:
         advertised_host: str = "127.0.0.1",
         replication: ReplicationConfig | None = None,
         broker_id: str = "",
+        advertise: str = "",
     ) -> None:
         self.controller = BrokerController(store_config, broker_config)
         self.name = broker_config.broker_name
@@ -62,6 +63,7 @@ class BrokerServer:
         self.heartbeat_s = heartbeat_s
         self.perm = PERM_RW
         self.advertised_host = advertised_host
+        self.advertise = advertise  # host:port others reach this broker at (NAT, a proxy), if not its own
         self.address = ""
         self._rpc = RpcServer(self, REMOTE_METHODS, f"broker {self.name}", on_connections=self._connections,
                               guard=self._guard if self.replication is not None else None)
@@ -79,11 +81,11 @@ class BrokerServer:
             await asyncio.to_thread(self.controller.store.start)
             await self.replication.start()
             h, p = await self._rpc.start(host, port)
-            self.address = f"{self.advertised_host if host in ('0.0.0.0', '::') else h}:{p}"
+            self.address = self.advertise or f"{self.advertised_host if host in ('0.0.0.0', '::') else h}:{p}"
             return h, p
         await self._start_services()
         h, p = await self._rpc.start(host, port)
-        self.address = f"{self.advertised_host if host in ('0.0.0.0', '::') else h}:{p}"
+        self.address = self.advertise or f"{self.advertised_host if host in ('0.0.0.0', '::') else h}:{p}"
         await self.register()
         self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
         return h, p
@@ -163,8 +165,11 @@ class BrokerServer:
         topics = self._topics()
         for ns in self.nameservers:
             try:
-                await ns.call("register_broker", self.name, self.address, self.perm, topics,
-                              replicated=self.replication is not None, rpc_timeout=3.0)
+                if self.replication is None:
+                    await ns.call("register_broker", self.name, self.address, self.perm, topics, rpc_timeout=3.0)
+                else:  # the master epoch fences a deposed master still re-registering the group's name
+                    await ns.call("register_broker", self.name, self.address, self.perm, topics,
+                                  replicated=True, epoch=self.replication.epoch, rpc_timeout=3.0)
                 ok += 1
             except Exception as e:
                 log.debug("nameserver %s unreachable: %s", ns.address, e)

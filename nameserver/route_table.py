@@ -25,6 +25,7 @@ class BrokerInfo:
     # A replicated group's master: when it fails, another member takes the name over (gateways
     # retry a failed send on it rather than give up on the broker).
     replicated: bool = False
+    epoch: int = 0  # a replicated group's master epoch: an older master's registration is ignored
 
 
 class RouteTable:
@@ -33,8 +34,14 @@ class RouteTable:
         self.brokers: dict[str, BrokerInfo] = {}
 
     def register(self, name: str, address: str, perm: int, topics: dict[str, dict], now: float | None = None,
-                 replicated: bool = False) -> None:
-        self.brokers[name] = BrokerInfo(name, address, perm, topics, time.monotonic() if now is None else now, replicated)
+                 replicated: bool = False, epoch: int = 0) -> bool:
+        """Record a broker's registration; False if a newer master of its group holds the name."""
+        old = self.brokers.get(name)
+        if old is not None and replicated and old.replicated and epoch < old.epoch:
+            return False
+        self.brokers[name] = BrokerInfo(name, address, perm, topics, time.monotonic() if now is None else now,
+                                        replicated, epoch)
+        return True
 
     def unregister(self, name: str) -> None:
         self.brokers.pop(name, None)

@@ -19,9 +19,11 @@ class NameServer:
         self._expiry: asyncio.Task | None = None
 
     # -- remote methods
-    def register_broker(self, name: str, address: str, perm: int, topics: dict, replicated: bool = False) -> dict:
+    def register_broker(self, name: str, address: str, perm: int, topics: dict, replicated: bool = False,
+                        epoch: int = 0) -> dict:
         old = self.table.brokers.get(name)
-        self.table.register(name, address, perm, topics, replicated=replicated)
+        if not self.table.register(name, address, perm, topics, replicated=replicated, epoch=epoch):
+            return {"lease_s": self.table.lease_s, "stale": True}
         if old is not None and old.address != address:
             log.warning("broker %s moved from %s to %s (a new master of its group)", name, old.address, address)
         if old is None:

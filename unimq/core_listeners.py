@@ -54,11 +54,12 @@ class BrokerListener:
     name = "broker"
 
     def __init__(self, host: str, port: int, store: StoreConfig, broker: BrokerConfig,
-                 nameservers: list[tuple[str, int]], heartbeat_s: float, group: GroupSpec | None = None) -> None:
+                 nameservers: list[tuple[str, int]], heartbeat_s: float, group: GroupSpec | None = None,
+                 advertise: str = "") -> None:
         self.host, self.port = host, port
         self.server = BrokerServer(store, broker, nameservers, heartbeat_s,
                                    replication=group.replication if group else None,
-                                   broker_id=group.broker_id if group else "")
+                                   broker_id=group.broker_id if group else "", advertise=advertise)
         self.member = (GroupMember(self.server, group.group, group.controllers, group.heartbeat_ms, group.priority)
                        if group else None)
 

@@ -135,6 +135,7 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
     replica_ack_timeout_ms: int = 5000  # a put not acked by enough replicas in time fails (retriable)
     group_heartbeat_ms: int = 500  # how often a member tells the controller its log end
     broker_priority: int = 0  # elections: among equally advanced members the higher wins
+    broker_advertise: str = ""  # host:port others reach the broker at, when not its own (NAT, a proxy)
     # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
     # Queues given to an auto-created topic, and to a declared topic that names none.

@@ -33,6 +33,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the controller (unimq controller / unimq nameserver --controller)")
     g.add_argument("--min-insync-replicas", dest="min_insync_replicas", type=int, metavar="N",
                    help="members (master included) holding a put before it is acknowledged (default 1)")
+    p.add_argument("--advertise", dest="broker_advertise", metavar="HOST:PORT",
+                   help="the address others reach this broker at, when not its own (NAT, a proxy)")
     g.add_argument("--priority", dest="broker_priority", type=int, metavar="N",
                    help="elections: among equally advanced members the higher priority wins")
 
@@ -55,7 +57,8 @@ async def start_broker(node: Node, nameservers: list[tuple[str, int]]) -> Broker
                 replica_lag_max_bytes=s.replica_lag_max_bytes, ack_timeout_ms=s.replica_ack_timeout_ms,
             ),
         )
-    listener = BrokerListener(s.host, s.broker_port, s.store, s.broker, nameservers, s.heartbeat_s, group)
+    listener = BrokerListener(s.host, s.broker_port, s.store, s.broker, nameservers, s.heartbeat_s, group,
+                              s.broker_advertise)
     await node.listen(listener, "broker RPC listener", s.broker_port)
     node.store = listener.server.controller.store
     return listener.server
