@@ -40,6 +40,8 @@ REMOTE_METHODS = [
 ]
 # What a replica (or a group member with no role yet) answers; everything else is its master's.
 REPLICA_METHODS = frozenset({"ping", "repl_hello", "repl_fetch", "repl_state"})
+# ... and with read_from_replica, pulls of the offsets it holds (and what a puller asks first).
+REPLICA_READS = frozenset({"pull", "query_offset", "get_topic", "describe_topic"})
 
 
 class BrokerServer:
@@ -104,6 +106,8 @@ class BrokerServer:
     def _guard(self, method: str) -> None:
         r = self.replication
         if r is not None and method not in REPLICA_METHODS and (r.role != "master" or not self.controller.started):
+            if r.role == "replica" and r.config.read_from_replica and method in REPLICA_READS:
+                return
             raise NotMasterError(f"broker {r.broker_id} is not the master of group {self.name}")
 
     def repl_hello(self, broker_id: str) -> dict:

@@ -54,6 +54,7 @@ class RemoteBrokerClient:
         # controller's lease, default 2.5 s, then one heartbeat to register it).
         self.failover_retry_s = failover_retry_s
         self._replicated: set[str] = set()  # brokers that are replicated groups
+        self._moved_at: dict[str, float] = {}  # when a broker's address last changed (a failover)
         self.route_ttl_s = route_ttl_s
         self.isolate_s = isolate_s
         self._clients: dict[str, RpcClient] = {}
@@ -122,6 +123,7 @@ class RemoteBrokerClient:
     def _note_address(self, broker: str, address: str) -> None:
         if self._addr.get(broker) not in (None, address):
             self._isolated.pop(broker, None)  # it came back at a new address: try it at once
+            self._moved_at[broker] = time.monotonic()  # a replicated group: a new master
         self._addr[broker] = address
 
     async def _brokers(self, refresh: bool = False, max_age_s: float | None = None) -> list[dict]:
@@ -297,9 +299,10 @@ class RemoteBrokerClient:
                 # master starts with itself alone in sync until a replica has caught up with it:
                 # within a failover that wait is part of it; outside one, too few in-sync
                 # replicas is the answer the client gets at once.
-                if broker not in self._replicated or (isinstance(e, NotEnoughInSyncReplicasError) and not deadline):
-                    raise
                 now = time.monotonic()
+                failing_over = deadline or now - self._moved_at.get(broker, -1e9) < self.failover_retry_s
+                if broker not in self._replicated or (isinstance(e, NotEnoughInSyncReplicasError) and not failing_over):
+                    raise
                 deadline = deadline or now + self.failover_retry_s
                 if now >= deadline:
                     raise

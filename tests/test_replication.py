@@ -51,11 +51,11 @@ class Group:
                                               "--mqtt-ws-port", "-1"])
         self.http = f"http://127.0.0.1:{self.gateway.ports['http']}"
 
-    def start_broker(self, b: str) -> Proc:
+    def start_broker(self, b: str, *extra: str) -> Proc:
         p = start_proc(b, ["broker", "--data-dir", str(self.root / b), "--port", "0", "--namesrv", self.namesrv,
                            "--group", "g", "--broker-id", b, "--controller-addr", f"127.0.0.1:{self.ctl_port}",
                            "--min-insync-replicas", "2", "--flush", "sync", "--heartbeat-s", "1",
-                           "--set", "replica_lag_max_ms=1500", *BROKER_SETS])
+                           "--set", "replica_lag_max_ms=1500", *BROKER_SETS, *extra])
         self.brokers[b] = p
         return p
 

@@ -216,3 +216,47 @@ def test_amqp_confirms_nack_while_too_few_replicas_are_in_sync(group: Group) -> 
             got.append(body)
     conn.close()
     assert b"refused" not in got and got[0] == b"stored" and b"after" in got
+
+
+@pytest.mark.timeout(240)
+def test_a_replica_serves_pulls_only_with_read_from_replica(group: Group) -> None:
+    """Pulls go to the master; a replica refuses them (NOT_MASTER) unless read_from_replica is
+    on, and then serves the offsets it holds - the same messages the master serves."""
+    from core_broker.errors import NotMasterError
+    from core_broker.remoting.rows import get_result_from_block
+
+    g = group
+    st = asyncio.run(g.state())
+    for i in range(12):
+        assert post(g, "near", f"n{i}".encode()) == 200
+    plain, reader = [b for b in ("b1", "b2", "b3") if b != st.master_id]
+    g.brokers[reader].stop()
+    g.start_broker(reader, "--set", "read_from_replica=true")
+    asyncio.run(g.wait_state(lambda s: reader in s.in_sync, "the reading replica back in sync", 40))
+
+    async def pulls() -> None:
+        m, p, r = _rpc(g.brokers[str(st.master_id)]), _rpc(g.brokers[plain]), _rpc(g.brokers[reader])
+        try:
+            tc = await m.call("get_topic", "near")
+            want: list[bytes] = []
+            for q in tc.queue_ids:
+                want += [x.body for x in get_result_from_block(await m.call("pull", "near", q, 0, 64)).messages]
+            assert len(want) == 12
+            with pytest.raises(NotMasterError):
+                await p.call("pull", "near", tc.queue_ids[0], 0, 64)
+            deadline = time.monotonic() + 20
+            while True:  # the replica learns the topic with the master's next state snapshot
+                try:
+                    got: list[bytes] = []
+                    for q in tc.queue_ids:
+                        got += [x.body for x in get_result_from_block(await r.call("pull", "near", q, 0, 64)).messages]
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.3)
+            assert sorted(got) == sorted(want)
+        finally:
+            for c in (m, p, r):
+                await c.close()
+
+    asyncio.run(pulls())

@@ -73,7 +73,7 @@ class GroupMember:
                 log.debug("controller unreachable: %s", e)
             except Exception:
                 log.exception("group %s: heartbeat round failed", self.group)
-            await asyncio.sleep(self.interval_s)
+            await self.replication.proposal_due(self.interval_s)
 
     async def round(self) -> None:
         r = self.replication

@@ -136,6 +136,8 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
     group_heartbeat_ms: int = 500  # how often a member tells the controller its log end
     broker_priority: int = 0  # elections: among equally advanced members the higher wins
     broker_advertise: str = ""  # host:port others reach the broker at, when not its own (NAT, a proxy)
+    read_from_replica: bool = False  # a replica serves pulls of the offsets it holds
+    async_replicas: str = ""  # member ids that copy the log but never count for acks (DR), comma separated
     # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
     # Queues given to an auto-created topic, and to a declared topic that names none.

@@ -100,7 +100,8 @@ class Follower:
             )
             data = resp["data"]
             if data:
-                pos = store.append_replicated(int(resp["start"]), data)
+                # a thread: checking and dispatching a 4 MiB chunk's records would hold the loop
+                pos = await asyncio.to_thread(store.append_replicated, int(resp["start"]), data)
                 await store.wait_flushed(pos)
             self.epochs.adopt([(int(e), int(s)) for e, s in resp["epochs"]], pos)
             if pos >= int(resp["end"]):

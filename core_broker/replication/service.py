@@ -72,6 +72,10 @@ class ReplicationService:
         self.master_addr: str | None = None
         self._follower: Follower | None = None
         self._more: asyncio.Future[None] | None = None
+        # Set when a report calls for another in-sync set: the group member asks the controller
+        # at once (a replica that caught up with a new master rejoins in one round trip, not
+        # one heartbeat later, so puts refused for too few in sync after a failover are brief).
+        self._proposal_due = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -128,6 +132,15 @@ class ReplicationService:
         self._follower.start()
         log.warning("broker %s replicates the master at %s (epoch %d)", self.broker_id, master_addr, epoch)
 
+    async def proposal_due(self, timeout_s: float) -> None:
+        """Return after ``timeout_s``, or as soon as a replica's report calls for an in-sync change."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._proposal_due.wait()
+        except TimeoutError:
+            pass
+        self._proposal_due.clear()
+
     def update_in_sync(self, in_sync: frozenset[str], in_sync_epoch: int) -> None:
         self.tracker.set_in_sync(in_sync, in_sync_epoch)
 
@@ -156,6 +169,8 @@ class ReplicationService:
         self._require_master()
         st = self.store
         self.tracker.report(broker_id, written, flushed, st.write_pos)
+        if not self._proposal_due.is_set() and self.tracker.proposal(frozenset(self.tracker.progress), st.write_pos):
+            self._proposal_due.set()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         # At the end: wait for more. Acknowledged puts signal at once; writes nobody waits
@@ -196,6 +211,8 @@ class ReplicationService:
             write_json_atomic(cfg / "broker_state.json", snap)
 
         await asyncio.to_thread(write)
+        if self.config.read_from_replica:  # pulls served here see the master's topics
+            await asyncio.to_thread(self.store.topics.load)
 
     async def prepare_promotion(self) -> None:
         """Before the broker's services start on this copy: load what the master's snapshot held."""

@@ -55,6 +55,8 @@ async def start_broker(node: Node, nameservers: list[tuple[str, int]]) -> Broker
             ReplicationConfig(
                 min_insync_replicas=s.min_insync_replicas, replica_lag_max_ms=s.replica_lag_max_ms,
                 replica_lag_max_bytes=s.replica_lag_max_bytes, ack_timeout_ms=s.replica_ack_timeout_ms,
+                read_from_replica=s.read_from_replica,
+                async_replicas=frozenset(b.strip() for b in s.async_replicas.split(",") if b.strip()),
             ),
         )
     listener = BrokerListener(s.host, s.broker_port, s.store, s.broker, nameservers, s.heartbeat_s, group,
