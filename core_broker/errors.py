@@ -94,6 +94,13 @@ class NotEnoughInSyncReplicasError(UnimqError):
     code = "NOT_ENOUGH_REPLICAS"
 
 
+class ReplicaAckTimeoutError(NotEnoughInSyncReplicasError):
+    """A put was written but not acknowledged by enough in-sync members in time: it may exist on
+    some of them, so only the client (which knows whether to) may send it again."""
+
+    code = "NOT_ENOUGH_REPLICAS"
+
+
 class NotMasterError(UnimqError):
     """Replication: this broker is a replica (or has no role yet); writes go to the master."""
 

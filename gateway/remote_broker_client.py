@@ -21,10 +21,12 @@ import time
 from typing import Any, Sequence
 
 from core_broker.broker_controller import QueueStats, TopicStats, kv_version
-from core_broker.errors import NotEnoughInSyncReplicasError, NotMasterError, TopicExistsError, TopicNotFoundError
+from core_broker.errors import (
+    NotEnoughInSyncReplicasError, NotMasterError, ReplicaAckTimeoutError, TopicExistsError, TopicNotFoundError,
+)
 from core_broker.model import FilterExpression, GetResult, Message, PutResult, StoredMessage
 from core_broker.pop_service import PoppedMessage
-from core_broker.remoting.client import PeerUnavailableError, RpcClient
+from core_broker.remoting.client import PeerConnectError, PeerUnavailableError, RpcClient
 from core_broker.remoting.rows import (
     get_result_from_block,
     messages_to_block,
@@ -292,16 +294,22 @@ class RemoteBrokerClient:
             try:
                 block = await self._call(broker, "send", rows, transactional, producer_group)
                 return put_results_from_block(block)
-            except (PeerUnavailableError, NotMasterError, NotEnoughInSyncReplicasError) as e:
+            except (PeerConnectError, NotMasterError, NotEnoughInSyncReplicasError) as e:
                 # A replicated group's master failed: another member takes its name over within
                 # a few heartbeats, so wait for the nameservers to route there and send again
                 # (an unreplicated broker fails at once: the processor sends elsewhere). A new
                 # master starts with itself alone in sync until a replica has caught up with it:
                 # within a failover that wait is part of it; outside one, too few in-sync
-                # replicas is the answer the client gets at once.
+                # replicas is the answer the client gets at once. Only refusals of a send that was
+                # never carried out are retried (no connection, a member that is not master, too
+                # few in sync *before* writing): a connection lost mid-call, or acknowledgements
+                # that did not come, go back to the client, which alone may send again (a gateway
+                # resend would store a message twice that the client sent once).
                 now = time.monotonic()
                 failing_over = deadline or now - self._moved_at.get(broker, -1e9) < self.failover_retry_s
-                if broker not in self._replicated or (isinstance(e, NotEnoughInSyncReplicasError) and not failing_over):
+                if broker not in self._replicated or isinstance(e, ReplicaAckTimeoutError) or (
+                    isinstance(e, NotEnoughInSyncReplicasError) and not failing_over
+                ):
                     raise
                 deadline = deadline or now + self.failover_retry_s
                 if now >= deadline:

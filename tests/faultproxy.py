@@ -31,6 +31,7 @@ class FaultProxy:
         self._listen_port = listen_port
         self.port = 0
         self.blackholed = False
+        self.refusing = False
         self.delay_s = 0.0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -58,11 +59,18 @@ class FaultProxy:
         connections, without closing anything (what a partition looks like to TCP)."""
         self.blackholed = True
 
+    def refuse(self) -> None:
+        """Unreachable: every connection reset now, new ones closed at once (what a partition
+        looks like when the network answers: an ICMP unreachable, a firewall's RST)."""
+        self.refusing = True
+        self.reset()
+
     def delay(self, seconds: float) -> None:
         self.delay_s = seconds
 
     def resume(self) -> None:
         self.blackholed = False
+        self.refusing = False
         self.delay_s = 0.0
 
     def reset(self) -> None:
@@ -73,6 +81,9 @@ class FaultProxy:
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.connections_accepted += 1
+        if self.refusing:
+            client_w.transport.abort()
+            return
         self._writers.add(client_w)
         try:
             upstream_r, upstream_w = await asyncio.open_connection(self.target_host, self.target_port)
@@ -141,6 +152,9 @@ class ThreadedFaultProxy:
 
     def partition(self) -> None:
         self._do(self.proxy.partition)
+
+    def refuse(self) -> None:
+        self._do(self.proxy.refuse)
 
     def delay(self, seconds: float) -> None:
         self._do(lambda: self.proxy.delay(seconds))

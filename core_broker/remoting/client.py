@@ -21,6 +21,14 @@ class PeerUnavailableError(UnimqError):
 register_error(PeerUnavailableError)
 
 
+class PeerConnectError(PeerUnavailableError):
+    """The peer could not be reached at all: a call that fails this way was never sent (safe to
+    retry elsewhere, unlike a connection lost mid-call, after which it may have been carried out)."""
+
+
+register_error(PeerConnectError)
+
+
 class RpcClient:
     def __init__(self, host: str, port: int, connect_timeout: float = 3.0) -> None:
         self.host = host
@@ -48,7 +56,7 @@ class RpcClient:
                     asyncio.open_connection(self.host, self.port), self.connect_timeout
                 )
             except (OSError, asyncio.TimeoutError) as e:
-                raise PeerUnavailableError(f"cannot reach {self.address}: {e}") from None
+                raise PeerConnectError(f"cannot reach {self.address}: {e}") from None
             self._writer = writer
             self._outbox = Outbox(writer)
             self._reader_task = asyncio.ensure_future(self._read_loop(reader, writer))

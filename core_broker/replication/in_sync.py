@@ -23,7 +23,7 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from ..errors import NotEnoughInSyncReplicasError
+from ..errors import NotEnoughInSyncReplicasError, ReplicaAckTimeoutError
 
 __all__ = ["InSyncTracker", "ReplicaProgress"]
 
@@ -106,7 +106,7 @@ class InSyncTracker:
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.ack_timeout_s)
         except asyncio.TimeoutError:
-            raise NotEnoughInSyncReplicasError(
+            raise ReplicaAckTimeoutError(
                 f"not acknowledged by {self.min_insync} in-sync replicas within {self.ack_timeout_s:g} s; retry"
             ) from None
 
