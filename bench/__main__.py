@@ -46,6 +46,7 @@ SECTIONS: dict[str, str] = {
     "mqtt": "bench.mqtt_bench",
     "spark": "bench.spark_bench",
     "http": "bench.http_bench",
+    "replication": "bench.replication_bench",
 }
 
 PEER_TIMED = """\

@@ -102,7 +102,6 @@ def append_replicated(store: MessageStore, start: int, data: bytes) -> int:
                 cl.set_write_pos(start)
         if not n:
             return cl.write_pos
-        _check_records(data)
         if cl.current is None or cl.write_pos + n > cl.limit:
             pos = cl.make_room(n)  # a warm-up claim in the way, or the roll to the next segment
             if pos != start:
@@ -111,19 +110,19 @@ def append_replicated(store: MessageStore, start: int, data: bytes) -> int:
         off = start - cur.base  # type: ignore[union-attr]
         cur.mm[off : off + n] = data  # type: ignore[union-attr]
         cur.dirty = True  # type: ignore[union-attr]
-        cl.write_pos = start + n
-        cl.scan(start, store._dispatch_header)
-        return cl.write_pos
+        # One pass checks each record (size, magic, CRC) and dispatches it; the write position
+        # moves only past what it accepted, so readers never see a bad record. A chunk with a
+        # bad record in it (it cannot happen between two unimq brokers: the master sends only
+        # records it checked... except through a corrupting network) is cut where it turns bad.
+        end = min(cl.scan(start, store._dispatch_header), start + n)  # (a scan may step to a next segment's base)
+        if end < start + n:
+            from .mapped_file import zero_range
 
-
-def _check_records(data: bytes) -> None:
-    pos = 0
-    n = len(data)
-    while pos < n:
-        kind, size = record.check(data, pos, n)
-        if kind != 1:
-            raise ReplicaOffsetMismatchError(f"replicated bytes hold no valid record at +{pos}")
-        pos += size
+            zero_range(cur.fd, cur.mm, end - cur.base, off + n)  # type: ignore[union-attr]
+            cl.write_pos = end
+            raise ReplicaOffsetMismatchError(f"replicated bytes hold no valid record at {end}")
+        cl.write_pos = end
+        return end
 
 
 def truncate_to(store: MessageStore, offset: int) -> None:
