@@ -24,6 +24,9 @@ class ReplicaCondition(Protocol):
     def check_writable(self) -> None:
         """Raise a retriable error (NotMasterError, NotEnoughInSyncReplicasError) before a write."""
 
+    def written(self, end_offset: int) -> None:
+        """The log now reaches ``end_offset``: start copying it (before the local flush is done)."""
+
     async def wait(self, end_offset: int) -> None:
         """Return once enough in-sync members hold the log up to ``end_offset``."""
 
@@ -49,8 +52,10 @@ class DurabilityPolicy:
             cond.check_writable()
 
     async def wait(self, end_offset: int) -> None:
+        cond = self.replicas
+        if cond is not None:
+            cond.written(end_offset)  # replicas copy and fdatasync while the master does its own
         if self.sync_flush:
             await self._flush_wait(end_offset)
-        cond = self.replicas
         if cond is not None:
             await cond.wait(end_offset)

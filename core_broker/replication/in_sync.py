@@ -54,7 +54,8 @@ class InSyncTracker:
         self.in_sync: frozenset[str] = frozenset({self_id})
         self.in_sync_epoch = 0
         self.progress: dict[str, ReplicaProgress] = {}
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[int, int, asyncio.Future[None], float]] = []  # (end, seq, future, deadline)
+        self._sweeper: asyncio.Task[None] | None = None
         self._seq = itertools.count()
         self.writable = True  # False while not master: check_writable refuses
 
@@ -101,14 +102,35 @@ class InSyncTracker:
     async def wait(self, end: int) -> None:
         if self.acked_end() >= end:
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (end, next(self._seq), fut))
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), self.ack_timeout_s)
-        except asyncio.TimeoutError:
-            raise ReplicaAckTimeoutError(
-                f"not acknowledged by {self.min_insync} in-sync replicas within {self.ack_timeout_s:g} s; retry"
-            ) from None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        # One future per put and one sweep for every deadline (not a wait_for per put: that
+        # costs a task and a timer each, at every acknowledged put's rate).
+        heapq.heappush(self._waiters, (end, next(self._seq), fut, loop.time() + self.ack_timeout_s))
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = loop.create_task(self._sweep())
+        await fut
+
+    async def _sweep(self) -> None:
+        """Fail puts whose acknowledgements did not come within ack_timeout_s (retriably)."""
+        loop = asyncio.get_running_loop()
+        while self._waiters:
+            await asyncio.sleep(min(0.1, self.ack_timeout_s / 4))
+            now = loop.time()
+            if not any(w[3] <= now for w in self._waiters):
+                continue
+            keep = []
+            for w in self._waiters:
+                if w[3] <= now:
+                    if not w[2].done():
+                        w[2].set_exception(ReplicaAckTimeoutError(
+                            f"not acknowledged by {self.min_insync} in-sync replicas within "
+                            f"{self.ack_timeout_s:g} s; it may be stored: retry if the client may send twice"
+                        ))
+                else:
+                    keep.append(w)
+            heapq.heapify(keep)
+            self._waiters = keep
 
     def _wake(self) -> None:
         w = self._waiters
@@ -123,7 +145,7 @@ class InSyncTracker:
     def fail_waiters(self, exc: BaseException) -> None:
         """The broker stopped being master: nobody waiting will be acknowledged here."""
         w, self._waiters = self._waiters, []
-        for _, _, fut in w:
+        for _, _, fut, _ in w:
             if not fut.done():
                 fut.set_exception(exc)
 

@@ -92,6 +92,9 @@ class ReplicationService:
     def check_writable(self) -> None:
         self.tracker.check_writable()
 
+    def written(self, end: int) -> None:
+        self._signal()
+
     async def wait(self, end: int) -> None:
         self._signal()
         await self.tracker.wait(end)
