@@ -9,8 +9,9 @@ from typing import Any
 from nameserver.client import parse_addresses
 
 
-def add_parser(sub: Any) -> None:
-    cluster = sub.add_parser("cluster", help="show replicated broker groups (asks the controller)",
+def add_parser(sub: Any) -> Any:
+    """Register ``cluster status``; returns the actions so the application adds ``cluster up``."""
+    cluster = sub.add_parser("cluster", help="replicated broker groups: status (asks the controller), up",
                              description="Broker groups: master, epoch, in-sync set, each member's offset and lag.")
     actions = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
     actions.required = True
@@ -18,6 +19,7 @@ def add_parser(sub: Any) -> None:
     status.add_argument("--controller", default="127.0.0.1:9880", metavar="HOST:PORT,...",
                         help="controller RPC addresses (default 127.0.0.1:9880)")
     status.add_argument("--timeout", type=float, default=3.0)
+    return actions
 
 
 def format_report(report: dict[str, dict[str, Any]]) -> str:

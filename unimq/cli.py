@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     from nameserver import cluster_cli  # `unimq cluster status`: asks the controller
 
-    cluster_cli.add_parser(sub)
+    from . import cluster_up  # `unimq cluster up`: a replicated cluster of processes on this machine
+
+    cluster_up.add_parser(cluster_cli.add_parser(sub))
     return parser
 
 
@@ -142,6 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return demo.run(args)
     if args.command == "cluster":
+        if args.cluster_command == "up":
+            from . import cluster_up
+
+            return cluster_up.run(args)
         from nameserver import cluster_cli
 
         return cluster_cli.run(args)

@@ -1,0 +1,117 @@
+"""``unimq cluster up``: a replicated unimq on one machine, for trying it out (issue 16).
+
+Three nameservers, each with a controller node (one Raft group), ``--groups`` broker groups of
+``--replicas`` members (``--min-insync-replicas`` acknowledging), and one gateway with every door
+on the usual ports, each a process of its own with its own port and data folder under
+``--data-dir``, started with the documented commands (``unimq nameserver --controller``,
+``unimq broker --group``, ``unimq gateway``). Ctrl-C (or SIGTERM) stops them all, gateway first,
+nameservers last. Kill a master (its PID is printed) and watch ``unimq cluster status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from .local_cluster import Proc, start_proc
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(actions: Any) -> None:
+    up = actions.add_parser("up", help="start a replicated cluster on this machine (Ctrl-C stops it)",
+                            description=__doc__.split("\n\n")[0] if __doc__ else None)
+    up.add_argument("--data-dir", type=Path, default=Path("unimq-cluster"), help="one folder per process in here")
+    up.add_argument("--groups", type=int, default=1, help="broker groups (default 1)")
+    up.add_argument("--replicas", type=int, default=3, help="members per group, master included (default 3)")
+    up.add_argument("--min-insync-replicas", type=int, default=2, help="members that acknowledge a put (default 2)")
+    up.add_argument("--flush", choices=["async", "sync"], default="sync")
+    for door, port in (("http", 8080), ("grpc", 8081), ("mqtt", 1883), ("amqp", 5672)):
+        up.add_argument(f"--{door}-port", type=int, default=port, help=f"the gateway's {door} door (default {port})")
+    up.add_argument("--mqtt-ws-port", type=int, default=-1, help="MQTT over WebSocket (default off)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.min_insync_replicas <= args.replicas:
+        print("unimq: error: --min-insync-replicas must be between 1 and --replicas", file=sys.stderr)
+        return 2
+    root: Path = args.data_dir
+    root.mkdir(parents=True, exist_ok=True)
+    secret_file = root / "controller.secret"  # the same secret after a restart of the cluster
+    if not secret_file.exists():
+        secret_file.write_text(secrets.token_hex(16))
+    secret = secret_file.read_text().strip()
+    raft = [f"127.0.0.1:{_free_port()}" for _ in range(3)]
+    procs: list[Proc] = []
+    stopping = threading.Event()
+
+    def stop_all(*_: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop_all)
+    try:
+        nameservers = _start_parallel([
+            (f"nameserver-{i + 1}", ["nameserver", "--port", "0", "--controller", "--controller-port", "0",
+                                     "--data-dir", str(root / f"controller-{i + 1}"), "--raft-addr", raft[i],
+                                     "--peers", ",".join(raft), "--secret", secret])
+            for i in range(3)
+        ])
+        procs += nameservers
+        namesrv = ",".join(f"127.0.0.1:{p.ports['namesrv']}" for p in nameservers)
+        controllers = ",".join(f"127.0.0.1:{p.ports['controller']}" for p in nameservers)
+        brokers = _start_parallel([
+            (f"g{g + 1}-b{m + 1}", ["broker", "--data-dir", str(root / f"g{g + 1}-b{m + 1}"), "--port", "0",
+                                    "--namesrv", namesrv, "--group", f"g{g + 1}", "--broker-id", f"b{m + 1}",
+                                    "--controller-addr", controllers, "--flush", args.flush,
+                                    "--min-insync-replicas", str(args.min_insync_replicas), "--heartbeat-s", "2"])
+            for g in range(args.groups) for m in range(args.replicas)
+        ])
+        procs += brokers
+        gateway = start_proc("gateway", [
+            "gateway", "--namesrv", namesrv, "--rpc-port", "0", "--http-port", str(args.http_port),
+            "--grpc-port", str(args.grpc_port), "--mqtt-port", str(args.mqtt_port), "--amqp-port",
+            str(args.amqp_port), "--mqtt-ws-port", str(args.mqtt_ws_port)])
+        procs.append(gateway)
+        for p in procs:
+            ports = ", ".join(f"{k} {v}" for k, v in sorted(p.ports.items()))
+            print(f"unimq: {p.name} (pid {p.popen.pid}): {ports}", flush=True)
+        for door in ("http", "grpc", "mqtt", "amqp"):
+            if door in gateway.ports:
+                print(f"unimq: {door} listening on 127.0.0.1:{gateway.ports[door]}", flush=True)
+        print(f"unimq: cluster status: unimq cluster status --controller {controllers}", flush=True)
+        print("unimq: ready", flush=True)
+        try:
+            while not stopping.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+        return 0
+    except RuntimeError as e:
+        print(f"unimq: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean stop short
+        for p in reversed(procs):  # gateway, brokers, nameservers
+            p.stop()
+
+
+def _start_parallel(specs: list[tuple[str, list[str]]]) -> list[Proc]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(specs)) as pool:
+        futs = [pool.submit(start_proc, name, argv) for name, argv in specs]
+        return [f.result() for f in futs]
