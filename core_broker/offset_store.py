@@ -45,6 +45,11 @@ class ConsumerOffsetStore:
     def of_group(self, group: str) -> dict[tuple[str, int], int]:
         return dict(self.table.get(group, {}))
 
+    def clear(self) -> None:
+        """Forget every commit (a replica whose saved state outran its log: the journal rebuilds it)."""
+        with self._lock:
+            self.table.clear()
+
     def delete_topic(self, topic: str) -> None:
         with self._lock:
             for t in self.table.values():

@@ -260,3 +260,77 @@ def test_a_replica_serves_pulls_only_with_read_from_replica(group: Group) -> Non
                 await c.close()
 
     asyncio.run(pulls())
+
+
+class _FastSnapshots(Group):
+    """Brokers snapshotting their state every 0.1 s: a snapshot always follows a write at once."""
+
+    def start_broker(self, b: str, *extra: str) -> Proc:
+        return super().start_broker(b, "--set", "broker.state_snapshot_interval_s=0.1", *extra)
+
+
+@pytest.mark.timeout(300)
+def test_a_deposed_master_forgets_state_it_snapshotted_from_its_cut_tail(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A master commits a consumer offset nobody acknowledges and snapshots it (its state file
+    and offsets table now say 999) before it is killed. Back as a replica, it cuts that tail -
+    and with it the snapshot: promoted later, it serves the acknowledged offset, not 999."""
+    g = _FastSnapshots(tmp_path)
+    try:
+        asyncio.run(g.wait_state(lambda s: s.master_id is not None and len(s.in_sync) == 3, "all three in sync"))
+        st = asyncio.run(g.state())
+        old = str(st.master_id)
+        others = [b for b in ("b1", "b2", "b3") if b != old]
+        assert post(g, "work", b"w") == 200
+
+        async def commit(offset: int, acked: bool) -> None:
+            c = _rpc(g.brokers[old])
+            try:
+                q = (await c.call("get_topic", "work")).queue_base
+                if acked:
+                    await c.call("commit_offset", "billing", "work", q, offset)
+                    return
+                pending = asyncio.ensure_future(c.call("commit_offset", "billing", "work", q, offset))
+                await asyncio.sleep(0.5)  # journaled, snapshotted (0.1 s), waiting for frozen replicas
+                assert not pending.done()
+                g.brokers[old].kill9()
+                with pytest.raises(Exception):
+                    await pending
+            finally:
+                await c.close()
+
+        asyncio.run(commit(2, acked=True))
+        for b in others:
+            os.kill(g.brokers[b].popen.pid, signal.SIGSTOP)
+        time.sleep(0.7)  # the replicas' waiting fetches run out (see the test above)
+        try:
+            asyncio.run(commit(999, acked=False))
+        finally:
+            for b in others:
+                os.kill(g.brokers[b].popen.pid, signal.SIGCONT)
+        assert b'"billing"' in (g.root / old / "config" / "consumer_offsets.json").read_bytes()
+        assert b"999" in (g.root / old / "config" / "consumer_offsets.json").read_bytes()
+        new = asyncio.run(g.wait_state(lambda s: s.master_id not in (None, old), "a new master", 40))
+        g.start_broker(old)
+        asyncio.run(g.wait_state(lambda s: old in s.in_sync and len(s.in_sync) == 3, "the old master in sync", 60))
+        for b in others:  # only the old master is left to lead
+            g.brokers[b].kill9()
+        asyncio.run(g.wait_state(lambda s: s.master_id == old, "the old master elected again", 40))
+        assert new.master_id != old
+
+        async def offset() -> int | None:
+            c = _rpc(g.brokers[old])
+            try:
+                deadline = time.monotonic() + 20
+                while True:
+                    try:
+                        tc = await c.call("get_topic", "work")
+                        return await c.call("get_offset", "billing", "work", tc.queue_base)
+                    except Exception:
+                        assert time.monotonic() < deadline
+                        await asyncio.sleep(0.2)
+            finally:
+                await c.close()
+
+        assert asyncio.run(offset()) == 2
+    finally:
+        g.stop()

@@ -31,7 +31,7 @@ LONG_POLL_MS = 300
 
 class Follower:
     def __init__(self, store: MessageStore, epochs: EpochFile, broker_id: str, master_addr: str,
-                 on_state: Callable[[dict, int], Awaitable[None]]) -> None:
+                 on_state: Callable[[dict, int], Awaitable[None]], on_cut: Callable[[], Awaitable[None]]) -> None:
         self.store = store
         self.epochs = epochs
         self.broker_id = broker_id
@@ -39,6 +39,7 @@ class Follower:
         host, _, port = master_addr.rpartition(":")
         self.client = RpcClient(host, int(port), connect_timeout=1.0)
         self._on_state = on_state
+        self._on_cut = on_cut
         self.task: asyncio.Task[None] | None = None
         self.synced_once = asyncio.Event()
 
@@ -83,6 +84,7 @@ class Follower:
                         self.broker_id, store.write_pos, cut)
             await asyncio.to_thread(store.truncate_to, cut)
             self.epochs.cut(cut)
+            await self._on_cut()
         pos = store.write_pos
         if pos < int(hello["min_offset"]):  # the master no longer holds this far back: start at its first segment
             pos = int(hello["min_offset"])

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import NotMasterError
-from ..json_file import write_json_atomic
+from ..json_file import read_json, write_json_atomic
 from ..system_topics import JOURNAL_TOPIC
 from .epoch_file import EpochFile
 from .follower import Follower
@@ -131,7 +131,8 @@ class ReplicationService:
         if self._follower is not None:
             await self._follower.stop()
         self.role, self.master_addr = "replica", master_addr
-        self._follower = Follower(self.store, self.epochs, self.broker_id, master_addr, self._take_state)
+        self._follower = Follower(self.store, self.epochs, self.broker_id, master_addr, self._take_state,
+                                  self._forget_state_past_cut)
         self._follower.start()
         log.warning("broker %s replicates the master at %s (epoch %d)", self.broker_id, master_addr, epoch)
 
@@ -216,6 +217,26 @@ class ReplicationService:
         await asyncio.to_thread(write)
         if self.config.read_from_replica:  # pulls served here see the master's topics
             await asyncio.to_thread(self.store.topics.load)
+
+    async def _forget_state_past_cut(self) -> None:
+        """After a cut: state saved from journal entries that are gone (a deposed master's own
+        snapshot and offsets table, taken after writes never acknowledged) must not come back
+        at a promotion. They go; a promotion then replays the journal this log holds, unless
+        the master's next snapshot (``_take_state``) replaces them first."""
+        cfg = self.store.root / "config"
+        snap = await asyncio.to_thread(read_json, cfg / "broker_state.json", {})
+        if int(snap.get("journal", 0)) <= self.store.max_offset(JOURNAL_TOPIC, 0):
+            return
+        log.warning("replica %s: its state snapshot covers journal entries the cut removed: dropped", self.broker_id)
+
+        def drop() -> None:
+            for f in ("broker_state.json", "consumer_offsets.json"):
+                (cfg / f).unlink(missing_ok=True)
+
+        await asyncio.to_thread(drop)
+        # a replica's services are stopped: nothing commits meanwhile; the journal's "off"
+        # entries rebuild the table at promotion
+        self.store.offsets.clear()
 
     async def prepare_promotion(self) -> None:
         """Before the broker's services start on this copy: load what the master's snapshot held."""
