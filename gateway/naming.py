@@ -36,6 +36,12 @@ __all__ = [
 P_MQTT_TOPIC = "mqtt_topic"
 #: The MQTT QoS a message was published with ("0", "1", "2"; absent: 1).
 P_MQTT_QOS = "mqtt_qos"
+#: The MQTT client id that published a message (a CloudEvent made of it names it as its source).
+P_MQTT_CLIENT_ID = "mqtt_client_id"
+#: The CloudEvents extension attribute that routes an event to MQTT subscribers and AMQP
+#: ``amq.topic`` bindings: its value becomes the message's ``mqtt_topic`` (CloudEvents extension
+#: names are lowercase letters and digits only, so no extension can be called ``mqtt_topic``).
+CE_MQTT_TOPIC_EXTENSION = "mqtttopic"
 #: The unified topic of MQTT topics whose first level cannot be a topic name.
 MQTT_OTHER_TOPIC = "mqtt-other"
 #: The AMQP exchange whose routing keys are MQTT topics.

@@ -29,7 +29,9 @@ import orjson
 
 from core_broker.model import Message
 
-from .mapping import CloudEventError, _JSON_CT, _dump_data, _loads, key_by_event_id, message_from_event_dict
+from .mapping import (
+    CloudEventError, _JSON_CT, _dump_data, _loads, key_by_event_id, message_from_event_dict, route_to_mqtt,
+)
 
 __all__ = ["messages_from_batch", "plain_event_message"]
 
@@ -127,6 +129,7 @@ def plain_event_message(topic: str, d: dict[str, Any], key_by_id: bool = False) 
             except TypeError:  # e.g. an integer beyond 64 bits: the careful path's encoder takes it
                 body = _dump_data(data)
     ce_id = props["ce_id"]
+    route_to_mqtt(props)
     return Message(topic, body, tag=props["ce_type"], properties=props,
                    keys=(ce_id,) if key_by_id and "\0" not in ce_id else (),
                    message_group=props.get("ce_partitionkey") or None, protocol="cloudevents")

@@ -52,7 +52,7 @@ from dateutil.parser import isoparse
 
 from core_broker.errors import BadRequestError
 from core_broker.model import Message
-from gateway.naming import P_MQTT_TOPIC
+from gateway.naming import CE_MQTT_TOPIC_EXTENSION, P_MQTT_QOS, P_MQTT_TOPIC
 
 __all__ = [
     "CE_BATCH_CONTENT_TYPE",
@@ -118,6 +118,21 @@ class _RawDataFormat(JSONFormat):
 
 
 _RAW_FORMAT = _RawDataFormat()
+
+_CE_MQTT_TOPIC = "ce_" + CE_MQTT_TOPIC_EXTENSION
+
+
+def route_to_mqtt(props: dict[str, str]) -> None:
+    """An event with the ``mqtttopic`` extension reaches MQTT subscribers of that topic and AMQP
+    queues bound to ``amq.topic`` (which route on ``mqtt_topic``): a cloud service commanding a
+    device. The value must be an MQTT topic name (no wildcards)."""
+    t = props.get(_CE_MQTT_TOPIC)
+    if t is None:
+        return
+    if not t or "+" in t or "#" in t or "\0" in t or len(t.encode()) > 65535:
+        raise CloudEventError(f"extension {CE_MQTT_TOPIC_EXTENSION!r} must be an MQTT topic name without wildcards, got {t!r}")
+    props[P_MQTT_TOPIC] = t
+    props.setdefault(P_MQTT_QOS, "1")
 
 
 # ------------------------------------------------------------------------------ ingest
@@ -191,6 +206,7 @@ def _message(
         props["ce_time"] = time_raw
     if extra_props:
         props.update(extra_props)
+    route_to_mqtt(props)
     pk = props.get("ce_partitionkey")
     return Message(
         topic,
@@ -303,6 +319,7 @@ def message_from_event_dict(topic: str, d: Any, where: str = "") -> Message:
         body = data.encode()
     else:
         body = _dump_data(data)
+    route_to_mqtt(props)
     return Message(topic, body, tag=props["ce_type"], properties=props,
                    message_group=props.get("ce_partitionkey") or None, protocol="cloudevents")
 

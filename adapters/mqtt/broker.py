@@ -47,6 +47,7 @@ from .connection import Connection
 from .delivery import Delivery
 from .mapping import (
     P_EXPIRY_AT,
+    P_MQTT_CLIENT_ID,
     P_QOS,
     P_TOPIC,
     QOS_STR,
@@ -342,10 +343,11 @@ class MQTTBroker:
                 wake_groups.update(plan.wake_groups)
             iprops = it.properties
             if iprops is None and not it.retain:
-                props = {P_TOPIC: topic, P_QOS: QOS_STR[qos]}
+                props = {P_TOPIC: topic, P_QOS: QOS_STR[qos], P_MQTT_CLIENT_ID: publisher}
                 expiry = 0
             else:
                 props = message_properties(topic, qos, it.retain, iprops)
+                props[P_MQTT_CLIENT_ID] = publisher
                 expiry = int(props.get(P_EXPIRY_AT, 0))
                 retained = retained or it.retain
             msgs.append(Message(plan.ut, it.payload, properties=props, protocol="mqtt", extra_dispatch=plan.targets))

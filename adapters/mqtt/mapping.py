@@ -15,7 +15,7 @@ import base64
 import time
 from typing import Any
 
-from gateway.naming import P_MQTT_QOS, P_MQTT_TOPIC
+from gateway.naming import P_MQTT_CLIENT_ID, P_MQTT_QOS, P_MQTT_TOPIC
 
 from . import codec as C
 
@@ -32,7 +32,7 @@ P_RESPONSE_TOPIC = "mqtt_response_topic"
 P_CORRELATION = "mqtt_correlation_data"  # base64
 P_PAYLOAD_FORMAT = "mqtt_payload_format"
 QOS_STR = ("0", "1", "2")
-MQTT_KEYS = frozenset({P_TOPIC, P_QOS, P_RETAIN, P_EXPIRY_AT, P_CONTENT_TYPE, P_RESPONSE_TOPIC, P_CORRELATION,
+MQTT_KEYS = frozenset({P_MQTT_CLIENT_ID, P_TOPIC, P_QOS, P_RETAIN, P_EXPIRY_AT, P_CONTENT_TYPE, P_RESPONSE_TOPIC, P_CORRELATION,
                        P_PAYLOAD_FORMAT})
 
 
