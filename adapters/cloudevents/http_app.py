@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import heapq
 import json
 import logging
 import time
@@ -756,6 +757,45 @@ def create_app(state: ServerState) -> FastAPI:
             "min_offset": r.min_offset,
             "max_offset": r.max_offset,
         })
+
+    # -- a whole topic, every queue merged (registered after the queue route: its path is a suffix)
+
+    @app.get("/v1/topics/{topic:path}/messages", tags=["consume"], responses=_ERRORS)
+    async def read_topic(
+        request: Request,
+        topic: str = Path(description="topic name"),
+        cursor: str | None = Query(None, description="where the previous page ended (its `cursor`); none: each queue's start"),
+        max: int = Query(32, ge=1, le=4096, description="most messages to return"),
+    ) -> Response:
+        """Read a topic across all its queues, oldest stored first ("did my message arrive?").
+
+        Answers `messages`, a `cursor` to pass back for the next page, and `remaining` (messages
+        not read yet). Reading moves no consumer group: it is a look, like pull by offset."""
+        p = processor()
+        ctx = _ctx(request, "http")
+        stats = await p.describe_topic(_ctx_admin, topic)
+        offsets = {q.queue_id: q.min_offset for q in stats.queues}
+        if cursor:
+            try:
+                given = json.loads(base64.urlsafe_b64decode(cursor.encode() + b"=" * (-len(cursor) % 4)))
+                for k, v in given.items():  # never before a queue's start (retention moved it)
+                    if int(k) in offsets and int(v) > offsets[int(k)]:
+                        offsets[int(k)] = int(v)
+            except (ValueError, TypeError, AttributeError):
+                raise ApiError(400, "BAD_REQUEST", "cursor is not one this API gave") from None
+        pages = []
+        for q in stats.queues:
+            if offsets[q.queue_id] < q.max_offset:
+                r = await p.pull(ctx, topic, q.queue_id, offsets[q.queue_id], max)
+                pages.append(r.messages)
+        merged = list(heapq.merge(*pages, key=lambda m: (m.store_timestamp_ms, m.queue_id, m.queue_offset)))[:max]
+        for m in merged:
+            offsets[m.queue_id] = m.queue_offset + 1
+        remaining = sum(q.max_offset - offsets[q.queue_id] for q in stats.queues if q.max_offset > offsets[q.queue_id])
+        nxt = base64.urlsafe_b64encode(json.dumps(offsets, separators=(",", ":")).encode()).decode().rstrip("=")
+        if _wants_cloudevents(request):
+            return _cloudevents_batch([(m, None) for m in merged])
+        return _json({"messages": [message_json(m) for m in merged], "cursor": nxt, "remaining": remaining})
 
     # -- describe / delete (registered last: their path matches any suffix) ---------------------
 
