@@ -127,6 +127,27 @@ def send_list_json(results: Sequence[Any]) -> list[dict[str, Any]]:
     return [{"message_id": mid, "topic": t, "queue_id": q, "queue_offset": o} for mid, t, _, q, o, *_ in results]
 
 
+DOCS_ASSETS = "/docs/assets"
+
+
+def _serve_docs(app: FastAPI) -> None:
+    """Swagger UI at /docs with its script and styles from the installed ``swagger-ui-bundle``
+    package (FastAPI's default page loads them from a CDN and is blank without internet)."""
+    import swagger_ui_bundle
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> Response:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json", title="unimq - API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js", swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+        )
+
+
 def message_json(m: Any, delivery_attempt: int | None = None, receipt_handle: str | None = None) -> dict[str, Any]:
     """One stored message in the shape every JSON consumer (the Spark reader among them) relies on."""
     d = {
@@ -434,13 +455,14 @@ def create_app(state: ServerState) -> FastAPI:
             "messages; consume by pop (receipt handles, long polling) or by queue offset; push to webhooks. "
             "Errors are `{\"error\": CODE, \"message\": text}`."
         ),
-        docs_url="/docs",
+        docs_url=None,  # served below from the installed swagger-ui-bundle: /docs works offline
         redoc_url=None,
         openapi_url="/openapi.json",
         lifespan=lifespan,
     )
     app.state.unimq = state
     app.state.push = push
+    _serve_docs(app)
 
     # -- errors -----------------------------------------------------------------------
 
