@@ -36,7 +36,9 @@ class StoreConfig:
     commitlog_segment_size: int = 1 << 30
     # ConsumeQueue files hold this many 20-byte entries each (RocketMQ's default is 300k).
     cq_entries_per_file: int = 300_000
-    max_message_size: int = 4 * 1024 * 1024
+    # The largest message body the store holds (at most half a segment). Doors set their own,
+    # lower limits: 4 MiB unless a door says otherwise (AMQP: amqp_max_message_size, 128 MiB).
+    max_message_size: int = 256 * 1024 * 1024
     # Write real zeros a little ahead of the writer so that group-commit fdatasyncs flush
     # data only, not ext4's unwritten-extent conversions (see commitlog.py). Doubles the
     # bytes written to disk; worth it only where puts wait for fdatasync.

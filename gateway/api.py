@@ -24,7 +24,7 @@ here too, so doors import this module rather than the processor's.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple, Protocol, Sequence
 
 from core_broker.broker_controller import TopicStats
@@ -48,12 +48,19 @@ __all__ = [
 # ---------------------------------------------------------------------------- value types
 
 
+#: The message size limit of doors that set none of their own (RocketMQ's default maxMessageSize).
+DEFAULT_DOOR_MESSAGE_SIZE = 4 * 1024 * 1024
+
+
 @dataclass
 class ProcessorConfig:
     auto_create_topics: bool = True
     default_queue_count: int = 8
-    max_message_size: int = 4 * 1024 * 1024
+    max_message_size: int = DEFAULT_DOOR_MESSAGE_SIZE
     max_batch: int = 1024
+    # Per door (RequestContext.protocol): a larger (or smaller) limit than max_message_size, e.g.
+    # AMQP's 128 MiB (RabbitMQ's default) for apps migrating with large messages.
+    door_message_limits: dict[str, int] = field(default_factory=dict)
 
 
 class SendResult(NamedTuple):

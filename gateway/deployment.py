@@ -12,6 +12,7 @@ from core_broker.broker_controller import BrokerController
 from core_broker.config import BrokerConfig, StoreConfig
 
 from .broker_client import LocalBrokerClient
+from .api import DEFAULT_DOOR_MESSAGE_SIZE
 from .processor import MessagingProcessor, ProcessorConfig
 
 __all__ = ["local_processor", "merged_processor"]
@@ -31,5 +32,5 @@ def merged_processor(
     store: StoreConfig, broker: BrokerConfig | None = None, processor: ProcessorConfig | None = None
 ) -> MessagingProcessor:
     """A processor over its own in-process broker; ``await p.start()`` opens (and recovers) the store."""
-    cfg = processor or ProcessorConfig(max_message_size=store.max_message_size)
+    cfg = processor or ProcessorConfig(max_message_size=min(store.max_message_size, DEFAULT_DOOR_MESSAGE_SIZE))
     return local_processor(BrokerController(store, broker), cfg)

@@ -195,7 +195,7 @@ class MessagingProcessor:
             raise BadRequestError("nothing to send")
         if n > self.config.max_batch:
             raise BadRequestError(f"a batch holds at most {self.config.max_batch} messages")
-        max_size = self.config.max_message_size
+        max_size = self.config.door_message_limits.get(ctx.protocol, self.config.max_message_size)
         plans: dict[str, TopicPlan] = {}
         # per topic of the call: [plan, first round-robin position, messages so far, run length]
         states: dict[str, list] = {}

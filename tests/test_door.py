@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from adapters.amqp.settings import AmqpSettings
+from core_broker.config import StoreConfig
 from adapters.cloudevents.settings import HttpSettings
 from adapters.mqtt.settings import MqttSettings
 from gateway.door import DoorSettings, ListenError, ServerState, bind_socket, check_port, format_address
@@ -88,10 +89,14 @@ def test_mqtt_side_listeners_follow_the_main_port_unless_given(given: dict, ws: 
     assert (s.ws_listener_port(), s.tls_listener_port()) == (ws, tls)
 
 
-def test_mqtt_config_takes_the_packet_limit_from_the_store_unless_given() -> None:
+def test_mqtt_config_takes_the_doors_packet_limit_unless_given() -> None:
+    # The store holds up to 256 MiB (AMQP's 128 MiB messages); MQTT keeps the doors' 4 MiB default
+    # (or the store's limit when that is smaller) unless mqtt_max_packet_size says otherwise.
     s = MqttSettings(mqtt_max_inflight=7)
     cfg = s.mqtt_config()
-    assert cfg.max_inflight == 7 and cfg.max_packet_size == s.store.max_message_size + 65536
+    assert cfg.max_inflight == 7 and cfg.max_packet_size == 4 * 1024 * 1024 + 65536
+    small = MqttSettings(store=StoreConfig(max_message_size=1 << 20))
+    assert small.mqtt_config().max_packet_size == (1 << 20) + 65536
     assert MqttSettings(mqtt_max_packet_size=1000).mqtt_config().max_packet_size == 1000
 
 

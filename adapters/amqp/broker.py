@@ -818,8 +818,8 @@ class AmqpBroker:
         self._fq_any = False
         self._fq_cache: dict[str, _ForeignRoute] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        max_size = getattr(getattr(settings, "store", None), "max_message_size", 4 * 1024 * 1024)
-        self.max_message_size: int = max_size
+        # The door's own limit (amqp_max_message_size), within what the store holds.
+        self.max_message_size: int = min(settings.amqp_max_message_size, settings.store.max_message_size)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -134,6 +134,17 @@ class ContentReceived:
 
 
 @dataclass(slots=True)
+class ContentRefused:
+    """A Basic.Publish whose content header announced a body over the limit: the body frames that
+    follow are skipped, never stored (the connection closes the channel: PRECONDITION_FAILED)."""
+
+    channel: int
+    method: Any
+    size: int
+    limit: int
+
+
+@dataclass(slots=True)
 class HeartbeatReceived:
     pass
 
@@ -153,7 +164,7 @@ class FrameError:
     bad_header: bool = False
 
 
-Event = Union[ProtocolHeaderReceived, MethodReceived, ContentReceived, HeartbeatReceived, FrameError]
+Event = Union[ProtocolHeaderReceived, MethodReceived, ContentReceived, ContentRefused, HeartbeatReceived, FrameError]
 
 
 # ----------------------------------------------------------------------------- properties
@@ -322,8 +333,11 @@ def encode_properties(props: dict[str, Any], raw_headers: bytes | None = None) -
 # ----------------------------------------------------------------------------- decoder
 
 
+_LARGE_BODY = 1 << 20  # bodies above this are assembled in place
+
+
 class _Partial:
-    __slots__ = ("method", "size", "props", "raw_headers", "raw_props", "parts", "got", "has_header")
+    __slots__ = ("method", "size", "props", "raw_headers", "raw_props", "parts", "got", "has_header", "refused", "buf")
 
     def __init__(self, method: Any) -> None:
         self.method = method
@@ -334,6 +348,8 @@ class _Partial:
         self.parts: list[bytes] = []
         self.got = 0
         self.has_header = False
+        self.refused = False  # over the limit: body frames are counted and dropped
+        self.buf: bytearray | None = None  # a large body, assembled in place (one copy)
 
 
 def _new_publish(exchange: str, routing_key: str, bits: int) -> commands.Basic.Publish:
@@ -362,8 +378,11 @@ class FrameDecoder:
     After a :class:`FrameError` it returns nothing more.
     """
 
-    def __init__(self, frame_max: int = 131072, expect_protocol_header: bool = True) -> None:
+    def __init__(self, frame_max: int = 131072, expect_protocol_header: bool = True,
+                 max_body: int = 1 << 62) -> None:
         self.frame_max = frame_max
+        # Announced body sizes are the client's word: above this one nothing is allocated or kept.
+        self.max_body = max_body
         self._buf = b""
         self._need_header = expect_protocol_header
         self._content: dict[int, _Partial] = {}
@@ -456,6 +475,12 @@ class FrameDecoder:
                             if body_size == 0:
                                 out.append(ContentReceived(ch, m, props, b"", raw, pb))
                                 continue
+                            if body_size > self.max_body:
+                                part.has_header = part.refused = True
+                                part.size = body_size
+                                content[ch] = part
+                                out.append(ContentRefused(ch, m, body_size, self.max_body))
+                                continue
                             part.has_header = True
                             part.size = body_size
                             part.props = props
@@ -484,6 +509,10 @@ class FrameDecoder:
                     return self._fail(out, UNEXPECTED_FRAME, f"content header for class {class_id}, expected 60")
                 part.has_header = True
                 part.size = body_size
+                if body_size > self.max_body:
+                    part.refused = True
+                    out.append(ContentRefused(ch, part.method, body_size, self.max_body))
+                    continue
                 part.props = props
                 part.raw_headers = raw
                 part.raw_props = pb
@@ -494,17 +523,31 @@ class FrameDecoder:
                 part = content.get(ch)
                 if part is None or not part.has_header:
                     return self._fail(out, UNEXPECTED_FRAME, f"unexpected content body frame on channel {ch}")
-                part.got += size
+                got = part.got
+                part.got = got + size
                 if part.got > part.size:
                     return self._fail(out, FRAME_ERROR, f"content body longer than the {part.size} bytes announced")
+                if part.refused:
+                    if part.got == part.size:
+                        del content[ch]
+                    continue
                 if part.got == part.size:
                     del content[ch]
-                    if part.parts:
+                    if part.buf is not None:
+                        part.buf[got:] = payload
+                        body = part.buf  # type: ignore[assignment]  # bytes-like: stored and delivered as is
+                    elif part.parts:
                         part.parts.append(payload)
                         body = b"".join(part.parts)
                     else:
                         body = payload
                     out.append(ContentReceived(ch, part.method, part.props, body, part.raw_headers, part.raw_props))
+                elif part.buf is not None or part.size > _LARGE_BODY:
+                    # A large body is copied once into a buffer of the announced size (checked
+                    # against max_body above), not kept as frames and joined at the end.
+                    if part.buf is None:
+                        part.buf = bytearray(part.size)
+                    part.buf[got : part.got] = payload
                 else:
                     part.parts.append(payload)
             elif ftype == FRAME_HEARTBEAT:
@@ -517,8 +560,11 @@ class FrameDecoder:
         return out
 
     def discard_channel(self, channel: int) -> None:
-        """Forget a half-received content on ``channel`` (the channel was closed)."""
-        self._content.pop(channel, None)
+        """Forget a half-received content on ``channel`` (the channel was closed); a refused one
+        stays until its last body frame, which the client sends before it sees the close."""
+        part = self._content.get(channel)
+        if part is not None and not part.refused:
+            del self._content[channel]
 
 
 # ----------------------------------------------------------------------------- encoders

@@ -265,7 +265,8 @@ class AmqpConnection(asyncio.Protocol):
         self.settings = settings
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.decoder = codec.FrameDecoder(frame_max=max(settings.amqp_frame_max, codec.FRAME_MIN_SIZE))
+        self.decoder = codec.FrameDecoder(frame_max=max(settings.amqp_frame_max, codec.FRAME_MIN_SIZE),
+                                          max_body=broker.max_message_size)
         self.state = "header"  # header -> start -> tune -> open_wait -> open -> closing -> closed
         self.frame_max = codec.FRAME_MIN_SIZE
         self.channel_max = settings.amqp_channel_max
@@ -506,6 +507,11 @@ class AmqpConnection(asyncio.Protocol):
                 raise AmqpError(codec.COMMAND_INVALID, "basic.publish before the connection is open", 60, 40,
                                 hard=True)
             self._publish(ev)
+            return True
+        if t is codec.ContentRefused:  # RabbitMQ's answer, before a byte of the body is kept
+            if self._channel(ev.channel, ev.method) is not None:
+                raise AmqpError(codec.PRECONDITION_FAILED, f"message size {ev.size} is larger than configured max "
+                                f"size {ev.limit}", 60, 40)
             return True
         if t is codec.MethodReceived:
             m = ev.method

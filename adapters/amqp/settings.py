@@ -28,6 +28,9 @@ class AmqpSettings(DoorSettings):
     amqp_heartbeat: int = 60
     amqp_frame_max: int = 131072
     amqp_channel_max: int = 2047
+    # Largest message body accepted (RabbitMQ 3.x's default max_message_size, 128 MiB); a bigger
+    # one is refused at its content header (channel closed, 406 PRECONDITION_FAILED), never read.
+    amqp_max_message_size: int = 128 * 1024 * 1024
     # A delivered, unacked message is hidden in the store for this long and the lease is
     # renewed while its channel lives; after a crash it is redelivered within this time.
     amqp_lease_ms: int = 60_000
@@ -44,7 +47,8 @@ class AmqpSettings(DoorSettings):
             if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
                 raise ValueError(f"{name} must be a list of non-empty strings, got {v!r}")
         for name, lo, hi in (("amqp_heartbeat", 0, 65535), ("amqp_frame_max", 4096, 1 << 24),
-                             ("amqp_channel_max", 1, 65535), ("amqp_lease_ms", 1000, 1 << 40)):
+                             ("amqp_channel_max", 1, 65535), ("amqp_lease_ms", 1000, 1 << 40),
+                             ("amqp_max_message_size", 1, 512 * 1024 * 1024)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {v!r}")

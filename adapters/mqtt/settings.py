@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.api import DEFAULT_DOOR_MESSAGE_SIZE
 from gateway.door import DoorSettings, check_port, check_tls_pair
 
 from .config import MQTTConfig
@@ -38,7 +39,8 @@ class MqttSettings(DoorSettings):
     # Receive Maximum and Topic Alias Maximum announced to MQTT 5 clients.
     mqtt_receive_maximum: int = 1024
     mqtt_topic_alias_maximum: int = 64
-    # Largest MQTT packet accepted; unset: the store's max_message_size + 64 KiB.
+    # Largest MQTT packet accepted; unset: the doors' message limit (4 MiB, or the store's
+    # max_message_size if smaller) + 64 KiB.
     mqtt_max_packet_size: int | None = None
     # Impose this keepalive on MQTT 5 clients (Server Keep Alive); 0 accepts theirs.
     mqtt_server_keepalive: int = 0
@@ -92,7 +94,7 @@ class MqttSettings(DoorSettings):
             max_inflight=self.mqtt_max_inflight,
             receive_maximum=self.mqtt_receive_maximum,
             topic_alias_maximum=self.mqtt_topic_alias_maximum,
-            max_packet_size=self.store.max_message_size + 65536 if packet is None else packet,
+            max_packet_size=min(self.store.max_message_size, DEFAULT_DOOR_MESSAGE_SIZE) + 65536 if packet is None else packet,
             server_keepalive=self.mqtt_server_keepalive,
             max_keepalive=self.mqtt_max_keepalive,
             max_session_expiry=self.mqtt_max_session_expiry,

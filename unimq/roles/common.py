@@ -54,10 +54,12 @@ def add_door_port_flags(p: argparse.ArgumentParser) -> None:
 
 def processor_config(settings: UnimqSettings) -> ProcessorConfig:
     """The processor's knobs from the settings (every role that serves doors builds one)."""
-    from gateway.api import ProcessorConfig
+    from gateway.api import DEFAULT_DOOR_MESSAGE_SIZE, ProcessorConfig
 
+    store_max = settings.store.max_message_size
     return ProcessorConfig(
         auto_create_topics=settings.auto_create_topics,
         default_queue_count=settings.default_queue_count,
-        max_message_size=settings.store.max_message_size,
+        max_message_size=min(store_max, DEFAULT_DOOR_MESSAGE_SIZE),
+        door_message_limits={"amqp": min(store_max, settings.amqp_max_message_size)},
     )
