@@ -51,8 +51,6 @@ SPARK_INGEST_MAY_IMPORT = ("gateway.naming",)
 
 #: (importing module, imported module or a prefix of it) -> why it is still allowed.
 KNOWN: dict[tuple[str, str], str] = {
-    ("adapters.amqp.mapping", "adapters.mqtt.topics"):
-        "issue 15 point 3: the AMQP door reads the MQTT door's topic rules; moving to gateway/naming.py",
     ("adapters.cloudevents.http_app", "spark_ingest.wire"):
         "issue 15 point 6: the HTTP door encodes Arrow pages with spark_ingest's codec; moving into gateway",
     ("spark_ingest.wire", "core_broker.record"):

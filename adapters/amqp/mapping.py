@@ -46,16 +46,14 @@ from core_broker.model import DispatchTarget, Message, StoredMessage
 
 from .codec import encode_properties
 
-try:  # the MQTT door's rule for a/b/c -> a, so both doors write the same stream
-    from adapters.mqtt.topics import unified_topic as _mqtt_unified_topic
-except Exception:  # pragma: no cover - the MQTT door not present
-    _mqtt_unified_topic = None  # type: ignore[assignment]
+# The cross-protocol rules (a/b/c -> unified topic a; routing key a.b.c <-> MQTT a/b/c) are
+# gateway.naming's, shared with the MQTT door, so both doors write the same stream.
+from gateway.naming import P_MQTT_TOPIC, mqtt_topic_of_routing_key, unified_topic_of_mqtt
 
 P_PREFIX = "amqp_"
 P_EXCHANGE = "amqp_exchange"
 P_ROUTING_KEY = "amqp_routing_key"
 P_HEADERS = "amqp_headers"
-P_MQTT_TOPIC = "mqtt_topic"
 
 # pamqp attribute name -> stored property key
 PROP_KEYS: dict[str, str] = {
@@ -89,12 +87,7 @@ def lmq_topic(vhost: str, queue: str) -> str:
     return name
 
 
-def mqtt_topic_of(routing_key: str) -> str:
-    """amq.topic routing key -> MQTT topic (RabbitMQ's MQTT plugin: '.' and '/' swap)."""
-    return routing_key.translate(_SWAP)
-
-
-_SWAP = str.maketrans({".": "/", "/": "."})
+mqtt_topic_of = mqtt_topic_of_routing_key  # amq.topic routing key -> MQTT topic ('.' and '/' swap)
 
 
 def _safe_topic(name: str) -> str:
@@ -108,10 +101,7 @@ def unified_topic(vhost: str, exchange: str, routing_key: str) -> tuple[str, str
     mqtt = None
     if exchange == "amq.topic" and routing_key:
         mqtt = mqtt_topic_of(routing_key)
-        if _mqtt_unified_topic is not None:
-            topic = _mqtt_unified_topic(mqtt)
-        else:  # pragma: no cover
-            topic = _safe_topic(mqtt.split("/", 1)[0])
+        topic = unified_topic_of_mqtt(mqtt)
     else:
         topic = _safe_topic(exchange or DEFAULT_EXCHANGE_TOPIC)
     if vhost != "/":
