@@ -176,7 +176,8 @@ def _cut_tail(g: Group) -> None:
     assert all(u in old_log for u in unacked)  # the tail is there, in the old master's log
     new = asyncio.run(g.wait_state(lambda s: s.master_id not in (None, old), "a new master", 40))
     for i in range(20, 30):
-        deadline = time.monotonic() + 20
+        # the new master takes writes once a replica caught up with it (heartbeats; slow under load)
+        deadline = time.monotonic() + 60
         while post(g, "tail", f"acked {i}".encode()) != 200:
             assert time.monotonic() < deadline
             time.sleep(0.2)
