@@ -91,6 +91,33 @@ class ConsumeQueue:
         if queue_offset >= self.max_offset:
             self.max_offset = queue_offset + 1
 
+    def append(self, queue_offset: int, phys: int, size: int, tag_hash: int) -> None:
+        """The entry of the next offset, ``max_offset``, which :meth:`ensure` made room for
+        (``queue_offset < limit``): the appender's path, without :meth:`put`'s checks."""
+        cur = self._cur
+        _pack_into(cur.mm, queue_offset * ENTRY_SIZE - cur.base, phys, size, tag_hash)  # type: ignore[union-attr]
+        cur.dirty = True  # type: ignore[union-attr]
+        self.max_offset = queue_offset + 1
+
+    def append_entries(self, first: int, entries: list[bytes]) -> None:
+        """Packed entries of offsets ``first``, ``first + 1``, ... (a batch's, in order)."""
+        n = len(entries)
+        f = self._cur
+        p = first * ENTRY_SIZE
+        if f is not None and f.base <= p and p + ENTRY_SIZE * n <= f.base + f.size:
+            o = p - f.base
+            f.mm[o : o + ENTRY_SIZE * n] = entries[0] if n == 1 else b"".join(entries)
+            f.dirty = True
+        else:  # the entries span two queue files
+            for i, e in enumerate(entries):
+                self.ensure(first + i)
+                f = self._cur
+                o = (first + i) * ENTRY_SIZE - f.base  # type: ignore[union-attr]
+                f.mm[o : o + ENTRY_SIZE] = e  # type: ignore[union-attr]
+                f.dirty = True  # type: ignore[union-attr]
+        if first + n > self.max_offset:
+            self.max_offset = first + n
+
     def get(self, queue_offset: int, count: int) -> list[tuple[int, int, int]]:
         """Entries [queue_offset, queue_offset+count) that exist, stopping at a segment end."""
         out: list[tuple[int, int, int]] = []

@@ -106,10 +106,9 @@ def append_replicated(store: MessageStore, start: int, data: bytes) -> int:
             pos = cl.make_room(n)  # a warm-up claim in the way, or the roll to the next segment
             if pos != start:
                 raise ReplicaOffsetMismatchError(f"replicated bytes start at {start}, the log rolled to {pos}")
+        cl.stage_at(start, data)  # not yet visible: the write position moves below
         cur = cl.current
         off = start - cur.base  # type: ignore[union-attr]
-        cur.mm[off : off + n] = data  # type: ignore[union-attr]
-        cur.dirty = True  # type: ignore[union-attr]
         # One pass checks each record (size, magic, CRC) and dispatches it; the write position
         # moves only past what it accepted, so readers never see a bad record. A chunk with a
         # bad record in it (it cannot happen between two unimq brokers: the master sends only

@@ -1,0 +1,97 @@
+"""The appender on its own: a commitlog, an index and consume queues in a temp folder, no store.
+
+Both loops (record at a time, batch) and link records must write ``record.encode``'s bytes
+and the same consume-queue entries; the store-level tests (test_store_encoding.py) generate
+every field combination through the store's public paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core_broker import record
+from core_broker.appender import Appender
+from core_broker.commitlog import CommitLog
+from core_broker.consume_queue import ConsumeQueue
+from core_broker.errors import BadRequestError, MessageTooLargeError, StoreClosedError
+from core_broker.index_file import IndexService
+from core_broker.model import Message, PutStatus
+
+NOW = 1_700_000_000_000
+
+
+def make(root: Path, max_size: int = 1 << 20) -> Appender:
+    cl = CommitLog(root / "commitlog", 1 << 20)
+    cl.load()
+    index = IndexService(root / "index", 1024, 4096)
+    index.load()
+    cqs: dict[tuple[str, int], ConsumeQueue] = {}
+
+    def factory(topic: str, qid: int) -> ConsumeQueue:
+        cq = cqs.get((topic, qid))
+        if cq is None:
+            cq = cqs[(topic, qid)] = ConsumeQueue(root / "cq", topic, qid, 1000)
+        return cq
+
+    a = Appender(cl, index, cqs, factory, max_size)
+    a.set_store_id("00112233AABBCCDD")
+    a.open = True
+    return a
+
+
+MSGS = [
+    Message("t", b"bare", queue_id=0),
+    Message("t", b"x" * 300, queue_id=1, protocol="mqtt"),
+    Message("t", b"props", queue_id=0, properties={"mqtt_topic": "a/b"}, tag="TagA", keys=["k1", "k2"]),
+    Message("u", b"", queue_id=0, message_id="client-id-1", born_host="10.0.0.1:1"),
+]
+
+
+def stored_bytes(a: Appender, r) -> bytes:
+    seg = a.commitlog.files.find(r.commitlog_offset)
+    off = r.commitlog_offset - seg.base
+    return bytes(seg.mm[off : off + r.store_size])
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_both_loops_write_record_encode_bytes(tmp_path: Path, batch: bool) -> None:
+    a = make(tmp_path)
+    rs = a.append_batch(MSGS, NOW) if batch else [a.append_one(m, NOW) for m in MSGS]
+    for m, r in zip(MSGS, rs):
+        assert r.status == PutStatus.PUT_OK
+        assert stored_bytes(a, r) == record.encode(m, r.queue_offset, r.commitlog_offset, NOW)
+        assert a._cqs[(m.topic, m.queue_id)].entry(r.queue_offset)[:2] == (r.commitlog_offset, r.store_size)
+    # server-assigned ids name the store and the record's offset; a client's id is kept
+    assert rs[0].message_id == a.message_id(rs[0].commitlog_offset) == f"0200112233AABBCCDD{rs[0].commitlog_offset:016X}"
+    assert rs[3].message_id == "client-id-1"
+    assert a.commitlog.write_pos == rs[-1].commitlog_offset + rs[-1].store_size
+
+
+def test_a_link_points_at_its_origin_without_copying_the_body(tmp_path: Path) -> None:
+    a = make(tmp_path)
+    origin = a.append_one(Message("t", b"the body" * 100, queue_id=0, tag="T"), NOW)
+    stored = a.commitlog.read(origin.commitlog_offset)
+    r = a.append_link(Message("%RETRY%g+t", b"", queue_id=0, tag="T"), stored, origin.commitlog_offset,
+                      [("%DLQ%g", 0)], NOW)
+    assert r.store_size < origin.store_size  # no body
+    assert a.commitlog.link_origin(r.commitlog_offset)[0] == origin.commitlog_offset
+    assert r.message_id == origin.message_id  # the id of the message it dispatches
+    assert a._cqs[("%DLQ%g", 0)].entry(0)[0] == r.commitlog_offset
+
+
+def test_refusals_write_nothing(tmp_path: Path) -> None:
+    a = make(tmp_path, max_size=100)
+    with pytest.raises(MessageTooLargeError):
+        a.append_one(Message("t", b"x" * 101, queue_id=0), NOW)
+    with pytest.raises(BadRequestError):  # the same queue twice
+        a.append_one(Message("t", b"x", queue_id=0, extra_dispatch=[("t", 0)]), NOW)
+    assert a.commitlog.write_pos == 0
+    # in a batch, the records before the bad one are written, the bad one is refused
+    with pytest.raises(MessageTooLargeError):
+        a.append_batch([Message("t", b"ok", queue_id=0), Message("t", b"x" * 101, queue_id=0)], NOW)
+    assert a._cqs[("t", 0)].max_offset == 1
+    a.open = False
+    with pytest.raises(StoreClosedError):
+        a.append_batch([Message("t", b"ok", queue_id=0)], NOW)
