@@ -100,7 +100,8 @@ class Group:
             except Exception as e:  # noqa: BLE001 - the controller starting, a group not known yet
                 last = e
             await asyncio.sleep(0.2)
-        raise AssertionError(f"{what}: {last}")
+        logs = "\n".join(f"--- {b} (exit {p.popen.poll()}):\n{p.tail()}" for b, p in self.brokers.items())
+        raise AssertionError(f"{what}: {last}\n{logs}")
 
 
 def http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None,

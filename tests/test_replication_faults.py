@@ -178,8 +178,11 @@ def _cut_tail(g: Group) -> None:
     for i in range(20, 30):
         # the new master takes writes once a replica caught up with it (heartbeats; slow under load)
         deadline = time.monotonic() + 60
-        while post(g, "tail", f"acked {i}".encode()) != 200:
-            assert time.monotonic() < deadline
+        while (code := post(g, "tail", f"acked {i}".encode())) != 200:
+            if time.monotonic() > deadline:
+                state = asyncio.run(g.state())
+                logs = "\n".join(f"--- {b}:\n{p.tail()}" for b, p in g.brokers.items())
+                raise AssertionError(f"the new master {new.master_id} still answers {code} after 60 s; {state}\n{logs}")
             time.sleep(0.2)
     # SIGKILL in the middle of the cut: the store's truncation intent file is on disk from
     # before the first byte is cut until after the last; kill the moment it appears.

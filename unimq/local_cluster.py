@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,12 @@ class Proc:
     args: list[str]
     popen: subprocess.Popen
     ports: dict[str, int] = field(default_factory=dict)
+    #: The last lines the process printed (warnings and errors: it logs at warning level), kept
+    #: so a failing fault test can say what each process was doing.
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=200))
+
+    def tail(self, n: int = 40) -> str:
+        return "".join(list(self.recent)[-n:])
 
     def kill9(self) -> None:
         if self.popen.poll() is None:
@@ -63,7 +70,7 @@ def start_proc(name: str, args: list[str], timeout: float = 60.0) -> Proc:
             proc.ports[m.group(1)] = int(m.group(3))
         if "unimq: ready" in line:
             # keep draining output so the child never blocks on a full pipe
-            threading.Thread(target=lambda: [None for _ in popen.stdout], daemon=True).start()  # type: ignore[union-attr]
+            threading.Thread(target=proc.recent.extend, args=(popen.stdout,), daemon=True).start()
             return proc
     popen.kill()
     raise RuntimeError(f"{name} did not start:\n{''.join(lines)}")

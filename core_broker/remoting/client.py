@@ -52,10 +52,12 @@ class RpcClient:
             if self._writer is not None and not self._writer.is_closing():
                 return self._writer
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port), self.connect_timeout
-                )
-            except (OSError, asyncio.TimeoutError) as e:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
+                # arrives as the connection attempt ends (refused at once by a dead peer, say), and
+                # a task being stopped then runs on (a replica switching masters hung on that).
+                async with asyncio.timeout(self.connect_timeout):
+                    reader, writer = await asyncio.open_connection(self.host, self.port)
+            except (OSError, TimeoutError) as e:
                 raise PeerConnectError(f"cannot reach {self.address}: {e}") from None
             self._writer = writer
             self._outbox = Outbox(writer)

@@ -42,18 +42,20 @@ class Follower:
         self._on_cut = on_cut
         self.task: asyncio.Task[None] | None = None
         self.synced_once = asyncio.Event()
+        self._stopping = False  # the loops end on it even if a cancellation was swallowed
 
     def start(self) -> None:
         self.task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
+        self._stopping = True
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
         await self.client.close()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self._follow()
             except asyncio.CancelledError:
@@ -95,7 +97,7 @@ class Follower:
                 )
         state_due = 0.0
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._stopping:
             resp = await self.client.call(
                 "repl_fetch", self.broker_id, pos, store.write_pos, store.flushed_pos(), CHUNK_BYTES, LONG_POLL_MS,
                 rpc_timeout=10.0,
