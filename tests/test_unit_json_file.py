@@ -77,6 +77,21 @@ def test_data_that_cannot_be_encoded_leaves_the_old_file_untouched(tmp_path: Pat
     assert list(tmp_path.iterdir()) == [path]
 
 
+def test_a_write_failing_on_the_disk_leaves_the_old_file_whole(tmp_path: Path, monkeypatch) -> None:
+    """fsync fails (EIO) before the rename: readers keep seeing the previous state, entire."""
+    path = tmp_path / "topics.json"
+    write_json_atomic(path, {"topics": ["a", "b"]})
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError):
+        write_json_atomic(path, {"topics": ["a", "b", "c"] * 1000})
+    monkeypatch.undo()
+    assert read_json(path, None) == {"topics": ["a", "b"]}
+
+
 def test_concurrent_writers_never_leave_a_torn_or_foreign_file(tmp_path: Path) -> None:
     """Threads saving the same state each use their own temp name: the result is always one
     writer's complete document."""

@@ -146,6 +146,16 @@ def test_a_timer_set_before_a_crash_still_fires_after_it(stores, store: MessageS
     assert notified == ["orders"]
 
 
+def test_a_timer_the_journal_says_fired_is_not_fired_again(store: MessageStore) -> None:
+    """A fire replayed from the journal (another instance fired it) after the timer was scheduled."""
+    ts, _, notified = service(store)
+    r = ts.schedule(msg(b"once"), now_ms() - 1)
+    ts.apply("tfire", {"tq": r.queue_offset})
+    assert ts.fire_due() == 0
+    assert read_all(store, "orders", 1) == [] and notified == []
+    assert ts.pending == 0
+
+
 def test_apply_ignores_other_journal_ops(store: MessageStore) -> None:
     ts, _, _ = service(store)
     ts.apply("ack", {"tq": 0})
