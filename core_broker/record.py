@@ -371,3 +371,8 @@ def link_origin(buf, pos: int) -> tuple[int, int]:
     """(origin_offset, origin_size) of a record; origin_offset is -1 for a plain message."""
     f = _UNPACK_FIXED(buf, pos + 12)
     return f[7], f[8]
+
+
+#: The prefix of one property in a properties block: key length u16, value length u32 (then the
+#: key and the value). Named for readers that decode many records at once (record_layout.py).
+PROPERTY_ENTRY = _PROP

@@ -11,8 +11,9 @@ kinds of callers exist:
   and what the authorizer is asked about (each one checks the caller).
 - :class:`MessagingAPI`: those plus what only makes sense in the door's own
   process: the configuration, the counters, cross-protocol routers,
-  transaction-check callbacks, zero-copy reads of the store, and explicit
-  authorization checks for what a door decides alone (an MQTT subscription).
+  transaction-check callbacks, Arrow pages (built from zero-copy reads of the
+  store), and explicit authorization checks for what a door decides alone (an
+  MQTT subscription).
 
 Both lists are written once, here; everything that needs "the processor's
 methods" derives them from these protocols (:func:`protocol_methods`), so a
@@ -35,13 +36,14 @@ from core_broker.topic_config import TopicConfig
 from core_broker.transaction_service import TransactionChecker
 
 from .auth import Action, Authorizer, Resource
-from .broker_client import RawPage, TopicRoute
+from .broker_client import TopicRoute
 from .context import RequestContext
 from .metrics import Metrics
 
 __all__ = [
-    "ACCEPTED_MESSAGE_TYPES", "CALLS", "MessageTypeMismatchError", "MessagingAPI", "NoWritableQueueError",
-    "ProcessorCalls", "ProcessorConfig", "RawPage", "Router", "SendResult", "protocol_methods",
+    "ACCEPTED_MESSAGE_TYPES", "ArrowPage", "ArrowUnavailableError", "CALLS", "MessageTypeMismatchError",
+    "MessagingAPI", "NoWritableQueueError", "ProcessorCalls", "ProcessorConfig", "Router", "SendResult",
+    "protocol_methods",
 ]
 
 
@@ -73,6 +75,17 @@ class SendResult(NamedTuple):
     # queue offsets the message got in each of its extra_dispatch targets, in order
     # (doors that multi-dispatch into LMQs use them to hand a fresh message on directly)
     extra_offsets: tuple[int, ...] = ()
+
+
+class ArrowPage(NamedTuple):
+    """A pull as one Arrow IPC stream in the Spark table's schema (``gateway/arrow_pages.py``), with the
+    media type to serve it as and the read's bounds."""
+
+    data: bytes
+    media_type: str
+    next_offset: int
+    min_offset: int
+    max_offset: int
 
 
 class Router(Protocol):
@@ -109,6 +122,12 @@ class MessageTypeMismatchError(BadRequestError):
 
 class NoWritableQueueError(UnimqError):
     code = "FORBIDDEN"
+
+
+class ArrowUnavailableError(UnimqError):
+    """Arrow pages need pyarrow and numpy (the ``spark`` extra), which this server lacks."""
+
+    code = "NOT_ACCEPTABLE"
 
 
 # ---------------------------------------------------------------------------- the calls
@@ -213,9 +232,13 @@ class MessagingAPI(ProcessorCalls, Protocol):
 
     async def stop(self) -> None: ...
 
-    async def pull_raw(
-        self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int
-    ) -> RawPage | None: ...
+    async def pull_arrow(
+        self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int = 32,
+        filter_expression: FilterExpression | None = None, wait_ms: int = 0,
+    ) -> ArrowPage:
+        """:meth:`pull` as an Arrow page; in process only (it reads the store's records undecoded
+        when it can). Raises :class:`ArrowUnavailableError` without pyarrow and numpy."""
+        ...
 
     def add_router(self, router: Router) -> None: ...
 

@@ -19,7 +19,7 @@ call                                                  asks
 send, end_transaction                                 PUBLISH topic (once per topic of a call)
 pop, ack, ack_batch, change_invisible, forward_to_dlq SUBSCRIBE topic, SUBSCRIBE group
 commit_offset, get_offset                             SUBSCRIBE topic, SUBSCRIBE group
-pull, pull_raw, query_offset, query_messages_by_key   SUBSCRIBE topic
+pull, pull_raw, query_offset, query_messages_by_key   SUBSCRIBE topic (pull_arrow: as pull or pull_raw)
 query_message_by_id                                   SUBSCRIBE on the found message's topic
 query_route, describe_topic                           PUBLISH or SUBSCRIBE topic (either will do)
 list_topics                                           lists only topics the caller may use so

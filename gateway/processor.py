@@ -30,21 +30,23 @@ from core_broker.filter import compile_filter
 from core_broker.model import FilterExpression, GetResult, Message, MessageType, StoredMessage
 from core_broker.pop_service import PoppedMessage
 from core_broker.receipt import InvalidReceiptHandleError, broker_of
+from core_broker.record_layout import LAYOUT
 from core_broker.system_topics import RESERVED_PREFIX, dlq_topic, is_lmq, is_system_topic
 from core_broker.topic_config import TopicConfig, validate_topic_name
 from core_broker.transaction_service import TransactionChecker
 
 from .api import (
     ACCEPTED_MESSAGE_TYPES,
+    ArrowPage,
+    ArrowUnavailableError,
     MessageTypeMismatchError,
     NoWritableQueueError,
     ProcessorConfig,
-    RawPage,
     Router,
     SendResult,
 )
 from .auth import Action, AllowAll, Authorizer, ForbiddenError, Resource, UnauthorizedError
-from .broker_client import BrokerClient, TopicRoute
+from .broker_client import BrokerClient, RawPage, TopicRoute
 from .context import RequestContext
 from .metrics import Metrics
 from .namespace import namespaced_calls
@@ -610,19 +612,32 @@ class MessagingProcessor:
             self.metrics.inc_topic("messages_out", ctx.protocol, topic, len(r.messages))
         return r
 
+    async def pull_arrow(
+        self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int = 32,
+        filter_expression: FilterExpression | None = None, wait_ms: int = 0,
+    ) -> ArrowPage:
+        """:meth:`pull` as an Arrow page, built by ``gateway/arrow_pages.py`` (imported here, on
+        first use: pyarrow and numpy are optional)."""
+        try:
+            from . import arrow_pages
+        except ImportError:
+            raise ArrowUnavailableError(
+                "format=arrow needs pyarrow and numpy on the server (pip install 'unimq[spark]')") from None
+        return await arrow_pages.pull_page(self, ctx, topic, queue_id, offset, max_count, filter_expression, wait_ms)
+
     async def pull_raw(
         self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int
     ) -> RawPage | None:
-        """Queue offsets ``[offset, offset+n)`` undecoded, for columnar readers (the HTTP door's
-        Arrow pages): see MessageStore.get_raw for the tuple. None when :meth:`pull` must be used
-        (a remote broker, offset out of range)."""
+        """Queue offsets ``[offset, offset+n)`` undecoded, for columnar readers (the Arrow pages
+        of :meth:`pull_arrow`): see MessageStore.get_raw for the tuple. None when :meth:`pull`
+        must be used (a remote broker, offset out of range)."""
         self._check(ctx, _SUB, _TOPIC, topic)
         if not self.broker.reads_raw:
             return None
         b = await self._queue_broker(ctx, topic, queue_id, None)
         r = await self.broker.pull_raw(b, topic, queue_id, offset, max_count)
         if r is not None:
-            n = len(r[0]) // 20  # 20-byte consume-queue entries
+            n = len(r[0]) // LAYOUT.entry_size  # consume-queue entries
             self.metrics.inc("messages_out", ctx.protocol, n)
             self.metrics.inc_topic("messages_out", ctx.protocol, topic, n)
         return r

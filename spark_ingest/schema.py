@@ -8,8 +8,9 @@ also set for ``amq.topic`` publishes by the AMQP door) and the CloudEvents
 ``ce_type`` / ``ce_source`` / ``ce_subject``. Every field is nullable, as
 Spark makes them anyway.
 
-The Arrow side of the same schema is :data:`spark_ingest.wire.ARROW_SCHEMA`,
-which the pages are built in; ``tests/test_spark_reader.py`` pins it equal to
+The Arrow side of the same schema is :data:`gateway.arrow_schema.ARROW_SCHEMA`
+(re-exported as ``spark_ingest.wire.ARROW_SCHEMA``), which the gateway builds
+its pages in; ``tests/test_spark_reader.py`` pins it equal to
 ``to_arrow_schema(spark_schema(), "UTC")``, the engine's own conversion
 (Spark rejects a batch whose Arrow schema differs in any detail).
 """

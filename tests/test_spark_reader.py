@@ -27,6 +27,7 @@ from hypothesis import strategies as st  # noqa: E402
 from pyspark import cloudpickle  # noqa: E402
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
 
+from gateway import arrow_pages  # noqa: E402
 from spark_ingest import offsets as off  # noqa: E402
 from spark_ingest import wire  # noqa: E402
 from spark_ingest.client import GatewayClient  # noqa: E402
@@ -436,12 +437,12 @@ def test_columnar_decoder_equals_store_decode(tmp_path: Path):
         offset = pages = 0
         while (raw := store.get_raw("T", 0, offset, 400, max_span=40_000)) is not None:
             entries, span, base, prefix, lo, hi = raw
-            fast = wire.raw_to_batch("T", 0, offset, entries, span, base, prefix)
+            fast = arrow_pages.raw_to_batch("T", 0, offset, entries, span, base, prefix)
             assert fast is not None and fast.schema.equals(wire.ARROW_SCHEMA)
             slow = store.get("T", 0, offset, fast.num_rows).messages
             for m in slow:
                 m.properties = public_properties(m.properties)
-            assert fast.to_pylist() == wire.messages_to_batch(slow).to_pylist()
+            assert fast.to_pylist() == arrow_pages.messages_to_batch(slow).to_pylist()
             offset += fast.num_rows
             pages += 1
         assert offset == 1500 and pages > 1500 // 400  # max_span cut some pages short
@@ -449,8 +450,8 @@ def test_columnar_decoder_equals_store_decode(tmp_path: Path):
         entries, span, base, prefix, _, _ = store.get_raw("T", 0, 0, 10)
         bad = bytearray(span)
         bad[len(span) // 2] ^= 0xFF
-        assert wire.raw_to_batch("T", 0, 0, entries, bytes(bad), base, prefix) is None
-        assert wire.raw_to_batch("T", 0, 0, entries, span[:-1], base, prefix) is None  # a record past the span
+        assert arrow_pages.raw_to_batch("T", 0, 0, entries, bytes(bad), base, prefix) is None
+        assert arrow_pages.raw_to_batch("T", 0, 0, entries, span[:-1], base, prefix) is None  # a record past the span
     finally:
         store.shutdown()
 

@@ -88,6 +88,7 @@ STATUS_OF_CODE = {
     "TOPIC_NOT_FOUND": 404,
     "SUBSCRIPTION_NOT_FOUND": 404,
     "TOPIC_EXISTS": 409,
+    "NOT_ACCEPTABLE": 406,  # format=arrow on a server without pyarrow
     "MESSAGE_BODY_TOO_LARGE": 413,
     "PAYLOAD_TOO_LARGE": 413,
     "UNSUPPORTED_MEDIA_TYPE": 415,
@@ -756,20 +757,15 @@ def create_app(state: ServerState) -> FastAPI:
         sql: str | None = Query(None, description="SQL92 filter over properties"),
         format: Literal["json", "arrow"] = Query(
             "json", description="`arrow`: an Arrow IPC stream in the Spark source's table schema "
-            "(spark_ingest.wire; needs pyarrow), bounds in headers unimq-next-offset/-min-offset/-max-offset"),
+            "(gateway.arrow_schema; needs pyarrow), bounds in headers unimq-next-offset/-min-offset/-max-offset"),
     ) -> Response:
         """Read a queue by offset (what the Spark reader uses). `next_offset` is where to continue."""
         p = processor()
-        if format == "arrow":  # the Spark source's fast page (spark_ingest.wire builds it)
-            try:
-                from spark_ingest import wire
-            except ImportError:
-                raise ApiError(406, "NOT_ACCEPTABLE", "format=arrow needs pyarrow and numpy on the server "
-                               "(pip install 'unimq[spark]')") from None
-            data, nxt, lo, hi = await wire.pull_page(p, _ctx(request, "http"), topic, queue, offset, max,
-                                                     _filter(tag, sql), _ms(wait_s))
-            return Response(data, media_type=wire.MEDIA_TYPE, headers={
-                "unimq-next-offset": str(nxt), "unimq-min-offset": str(lo), "unimq-max-offset": str(hi)})
+        if format == "arrow":  # the Spark source's fast page (gateway/arrow_pages.py builds it)
+            page = await p.pull_arrow(_ctx(request, "http"), topic, queue, offset, max, _filter(tag, sql), _ms(wait_s))
+            return Response(page.data, media_type=page.media_type, headers={
+                "unimq-next-offset": str(page.next_offset), "unimq-min-offset": str(page.min_offset),
+                "unimq-max-offset": str(page.max_offset)})
         r = await p.pull(_ctx(request, "http"), topic, queue, offset, max, _filter(tag, sql), _ms(wait_s))
         if _wants_cloudevents(request):
             return _cloudevents_batch([(m, None) for m in r.messages])
