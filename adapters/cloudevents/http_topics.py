@@ -1,0 +1,83 @@
+"""The HTTP door's topic admin routes: list and create (``/v1/topics``), describe and delete one.
+
+Why two routers: describing and deleting a topic answer at ``/v1/topics/{topic}``
+where the topic name may hold slashes, so that path matches any suffix;
+:func:`named_router` must be included after every other ``/v1/topics/...``
+route (``create_app`` does), or it would shadow them.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response
+
+from core_broker.errors import UnimqError
+from core_broker.model import MessageType
+
+from .http_models import ERRORS, ErrorOut, TopicCreate, TopicOut
+from .http_request import ADMIN_CTX, Deps
+from .http_responses import json_response, topic_json
+
+__all__ = ["named_router", "router"]
+
+
+def router(deps: Deps) -> APIRouter:
+    """``GET``/``POST /v1/topics``: every topic, or a new one."""
+    processor = deps.processor
+    router = APIRouter()
+
+    @router.get("/v1/topics", tags=["topics"], response_model=list[TopicOut])
+    async def list_topics(
+        include_system: bool = Query(False, description="also list %DLQ%, %RETRY% and other system topics"),
+    ) -> Response:
+        """Every topic with its queues' min/max offsets."""
+        p = processor()
+        ctx = ADMIN_CTX
+        out = []
+        for tc in await p.list_topics(ctx, include_system):
+            try:
+                out.append(topic_json(await p.describe_topic(ctx, tc.name)))
+            except UnimqError:  # deleted meanwhile
+                continue
+        return json_response(out)
+
+    @router.post("/v1/topics", tags=["topics"], status_code=201, response_model=TopicOut,
+                 responses={200: {"model": TopicOut, "description": "already exists with this type"},
+                            409: {"model": ErrorOut, "description": "exists with another type"}, **ERRORS})
+    async def create_topic(body: TopicCreate) -> Response:
+        """Create a topic (201); 200 if it exists with the same type, 409 if with another type."""
+        p = processor()
+        mtype = MessageType(body.type.upper())
+        existed = True
+        try:
+            await p.describe_topic(ADMIN_CTX, body.name)
+        except UnimqError:
+            existed = False
+        await p.create_topic(ADMIN_CTX, body.name, body.queues, mtype, exist_ok=True)
+        return json_response(topic_json(await p.describe_topic(ADMIN_CTX, body.name)), 200 if existed else 201)
+
+
+    return router
+
+
+def named_router(deps: Deps) -> APIRouter:
+    """``GET``/``DELETE /v1/topics/{topic}``: include it last (its path matches any suffix)."""
+    processor = deps.processor
+    router = APIRouter()
+
+    @router.get("/v1/topics/{topic:path}", tags=["topics"], response_model=TopicOut, responses=ERRORS)
+    async def describe_topic(topic: str = Path(description="topic name")) -> Response:
+        """A topic's type and its queues' min/max offsets."""
+        p = processor()
+        return json_response(topic_json(await p.describe_topic(ADMIN_CTX, topic)))
+
+    @router.delete("/v1/topics/{topic:path}", tags=["topics"], status_code=204, response_class=Response,
+                   responses=ERRORS)
+    async def delete_topic(topic: str = Path(description="topic name")) -> Response:
+        """Delete a topic and its messages' queues."""
+        p = processor()
+        await p.describe_topic(ADMIN_CTX, topic)  # 404 for an unknown topic
+        await p.delete_topic(ADMIN_CTX, topic)
+        return Response(status_code=204)
+
+    return router
