@@ -61,6 +61,18 @@ def test_the_layout_names_what_the_codec_writes() -> None:
     assert crc32c(buf[LAYOUT.crc_start :]) == got["crc"]
 
 
+def test_the_layout_names_what_the_bare_record_packer_writes() -> None:
+    """A message with no tag, keys, properties or ids takes the store's bare-record packer."""
+    buf = record.encode(Message("tp", b"xyz", protocol="mqtt", queue_id=1), queue_offset=9, phys_offset=64,
+                        store_ts=5)
+    got = {f.name: _field(buf, f.name) for f in HEADER}
+    assert (got["size"], got["queue_id"], got["queue_offset"], got["phys_offset"]) == (len(buf), 1, 9, 64)
+    assert (got["store_ts"], got["origin_offset"]) == (5, -1)
+    lens = {name: got[f"len_{name}"] for name in VARIABLE}
+    assert lens == {**dict.fromkeys(VARIABLE, 0), "topic": 2, "protocol": 4, "body": 3}
+    assert buf[LAYOUT.header_size :] == b"tpmqttxyz"
+
+
 def test_the_layout_names_the_consume_queue_entry() -> None:
     e = consume_queue.ENTRY.pack(123456789, 321, -5)
     assert LAYOUT.entry_size == len(e)
