@@ -124,9 +124,9 @@ def _ranges(span: pa.Buffer, starts: np.ndarray, lens: np.ndarray, typ: pa.DataT
 
 def _little_endian(b: np.ndarray, first: int, width: int) -> np.ndarray:
     """The unsigned little-endian integers of ``width`` bytes at column ``first`` of byte rows ``b``."""
-    v = b[:, first].copy()
+    v = b[:, first]
     for j in range(1, width):
-        v |= b[:, first + j] << (8 * j)
+        v = v | (b[:, first + j] << (8 * j))
     return v
 
 
@@ -211,7 +211,11 @@ def _properties(buf: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[
     ks_, kl_ = flat[1], flat[2]
     cand = np.flatnonzero(kl_ >= len(_RESERVED))  # drop reserved keys (RESERVED_PREFIX)
     if len(cand):
-        res = cand[(buf[ks_[cand][:, None] + np.arange(len(_RESERVED))] == _RESERVED).all(axis=1)]
+        at = ks_[cand]
+        hit = buf[at] == _RESERVED[0]
+        for j in range(1, len(_RESERVED)):  # byte by byte: faster than a 2-D gather and .all(axis=1)
+            hit &= buf[at + j] == _RESERVED[j]
+        res = cand[hit]
         if len(res):
             keep = np.ones(len(flat[0]), dtype=bool)
             keep[res] = False
