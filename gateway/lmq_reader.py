@@ -11,6 +11,10 @@ is an acknowledged floor that survives a restart. The parts:
   merged mode has one. A lane knows the end of what was stored in it and its
   *settled floor*: the lowest offset not yet settled (acknowledged, dropped,
   dead-lettered), with what was settled out of order above it.
+- :class:`SpillLane`: a lane of a queue with several consumers (an AMQP queue):
+  its messages go to the door's own ready buffer (taken and acknowledged in any
+  order) until that is full; from ``spill_next`` on they stay in the store and
+  are read back in order.
 - :class:`WindowedLane`: a lane read in order by one consumer, with a window of
   just-stored messages held in memory under a :class:`MemoryBudget` shared by
   all lanes of a door; gaps (what arrived while the budget was spent) are read
@@ -38,6 +42,7 @@ from gateway.context import RequestContext
 __all__ = [
     "Lane",
     "WindowedLane",
+    "SpillLane",
     "MemoryBudget",
     "LaneRuns",
     "pull_lane",
@@ -166,6 +171,29 @@ class MemoryBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+
+
+class SpillLane(Lane):
+    """A lane whose reader buffers what it can and leaves the rest in the store from ``spill_next`` on.
+
+    The reader (an AMQP queue) holds just-stored messages in its own ready buffer,
+    any of its consumers takes them and acknowledges them in any order (the
+    settled floor); once the buffer is full, the lane's messages from
+    ``spill_next`` up to ``end`` stay in the store only and are read back in order.
+    ``spill_next`` None: everything up to ``end`` went to memory.
+    """
+
+    __slots__ = ("spill_next",)
+
+    def __init__(self, broker: str = "", start: int = 0) -> None:
+        super().__init__(broker, start)
+        self.spill_next: int | None = None  # first offset not held in memory (to read back)
+
+    def restore(self, d: dict[str, Any], min_offset: int, max_offset: int) -> int:
+        """:meth:`Lane.restore`; what is left to deliver is then all in the store (read back from the floor)."""
+        left = super().restore(d, min_offset, max_offset)
+        self.spill_next = self.floor if self.floor < self.end else None
+        return left
 
 
 class WindowedLane(Lane):

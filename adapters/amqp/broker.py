@@ -64,6 +64,7 @@ from core_broker.errors import TopicNotFoundError, UnimqError
 from core_broker.model import DispatchTarget, Message, StoredMessage
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
+from gateway.lmq_reader import LaneRuns, SpillLane, pull_lane
 
 from . import codec
 from .mapping import build_message, headers_of, lmq_topic, route_of, set_route, unified_topic, with_headers
@@ -144,7 +145,7 @@ class Lease:
                  "lane", "read_back")
 
     def __init__(self, queue: "QueueState", msg: StoredMessage | Message, attempt: int, offset: int,
-                 lane: "Lane", tmpl: Any = None, read_back: bool = False) -> None:
+                 lane: SpillLane, tmpl: Any = None, read_back: bool = False) -> None:
         self.queue = queue
         # read back from the store: the processor's pull counted it in messages_out already
         self.read_back = read_back
@@ -160,15 +161,8 @@ class Lease:
         self.expires_at = queue.expiry_of(msg) if queue.ttl is not None or queue.per_message_ttl else None
 
 
-def _ranges(offsets: list[int]) -> list[list[int]]:
-    """Sorted offsets as [start, end) ranges."""
-    out: list[list[int]] = []
-    for o in offsets:
-        if out and out[-1][1] == o:
-            out[-1][1] = o + 1
-        else:
-            out.append([o, o + 1])
-    return out
+def _spills(lane: SpillLane) -> bool:
+    return lane.spill_next is not None
 
 
 def lmq_offsets(m: Message, result: Any) -> dict[str, int]:
@@ -238,94 +232,6 @@ class PriorityBuffer:
         self.n += len(back)
 
 
-class Lane:
-    """A queue's messages stored by one broker: its part of the LMQ's offsets.
-
-    In merged mode there is one; in separated mode a publish is stored (and
-    its LMQ entry written) by whichever broker took it, each with its own
-    offsets. Per lane: what was enqueued, where spilling started, and for a
-    durable queue the cursor (floor, settled offsets above it, delivered
-    high-water mark).
-    """
-
-    __slots__ = ("broker", "enq_next", "spill_next", "floor", "settled", "jumps", "hw", "hosted")
-
-    def __init__(self, broker: str) -> None:
-        self.broker = broker
-        self.enq_next = 0  # LMQ offset after the last message enqueued
-        self.spill_next: int | None = None  # first LMQ offset not held in memory (to read back)
-        self.floor = 0  # lowest LMQ offset not yet settled (acked, dead-lettered, dropped)
-        self.settled: set[int] = set()  # settled offsets above the floor (acked out of order)
-        self.jumps: dict[int, int] = {}  # settled ranges above the floor: start -> end (purge)
-        self.hw = 0  # LMQ offset after the highest one ever delivered (redelivered flag after a restart)
-        self.hosted = False  # this broker knows the LMQ topic (it must, to be read back: see _pull_spill)
-
-    def settle(self, offset: int) -> None:
-        if offset == self.floor:
-            self._advance(offset + 1)
-        elif offset > self.floor:
-            self.settled.add(offset)
-
-    def settle_range(self, start: int, end: int) -> None:
-        if end <= start:
-            return
-        if start <= self.floor:
-            self._advance(max(end, self.floor))
-        else:
-            self.jumps[start] = max(end, self.jumps.get(start, 0))
-
-    def _advance(self, f: int) -> None:
-        settled = self.settled
-        jumps = self.jumps
-        while True:
-            if f in settled:
-                settled.discard(f)
-                f += 1
-                continue
-            if jumps:  # rare (a purge): a settled range covering f, or one left behind
-                hit = next((a for a, e in jumps.items() if a <= f < e or e <= f), None)
-                if hit is not None:
-                    f = max(f, jumps.pop(hit))
-                    if settled:
-                        settled.difference_update([o for o in settled if o < f])
-                    continue
-            break
-        self.floor = f
-
-    def is_settled(self, offset: int) -> bool:
-        if offset < self.floor or offset in self.settled:
-            return True
-        for a, e in self.jumps.items():
-            if a <= offset < e:
-                return True
-        return False
-
-    def to_json(self, full: bool) -> dict[str, Any]:
-        d: dict[str, Any] = {"f": self.floor, "h": self.hw}
-        s = self.settled
-        if s and (full or len(s) <= 4096):  # beyond that (rare: one old message held while
-            d["s"] = _ranges(sorted(s))     # thousands are acked) a crash may redeliver some
-        if self.jumps:
-            d["j"] = [[a, e] for a, e in self.jumps.items()]
-        return d
-
-    def restore(self, d: dict[str, Any], min_offset: int, max_offset: int) -> int:
-        """Resume from a saved cursor; returns how many messages are left to deliver."""
-        self.floor = max(int(d.get("f", 0)), min_offset)
-        self.hw = int(d.get("h", 0))
-        for a, e in d.get("s", ()):
-            self.settled.update(range(max(a, self.floor), e))
-        for a, e in d.get("j", ()):
-            if e > self.floor:
-                self.jumps[max(a, self.floor)] = e
-        self._advance(self.floor)
-        self.enq_next = max(max_offset, self.floor)
-        self.spill_next = self.floor if self.floor < self.enq_next else None
-        gone = len([o for o in self.settled if o < self.enq_next])
-        gone += sum(min(e, self.enq_next) - a for a, e in self.jumps.items() if a < self.enq_next)
-        return max(self.enq_next - self.floor - gone, 0)
-
-
 class QueueState:
     """One AMQP queue: its definition (durable in kv) and its runtime (consumers, buffer, pump)."""
 
@@ -369,11 +275,12 @@ class QueueState:
         self.store_empty = False  # nothing left to read back from the LMQ
         # a durable queue's cursor over its LMQ, saved in the kv state (see ``settle``)
         self.persist = durable and exclusive is None
-        self.lanes: dict[str, Lane] = {}  # per broker holding part of the LMQ (one in merged mode)
+        # per broker holding part of the LMQ (one in merged mode), read through gateway.lmq_reader
+        self.lanes: dict[str, SpillLane] = {}
         # The spilled messages' order across lanes: runs of [lane, how many LMQ offsets], oldest
         # first. Each lane's offsets keep its own order; these runs interleave the lanes as the
         # messages were enqueued, so a read-back is FIFO in separated mode too.
-        self.spill_runs: deque[list[Any]] = deque()
+        self.spill_runs: LaneRuns[SpillLane] = LaneRuns()
         self.saving = False
         self.dirty = False
         self.mem_bytes = 0  # body bytes of the ready messages held
@@ -552,10 +459,10 @@ class QueueState:
 
     # -- the durable cursor --------------------------------------------------------------
 
-    def lane(self, broker: str) -> "Lane":
+    def lane(self, broker: str) -> SpillLane:
         ln = self.lanes.get(broker)
         if ln is None:
-            ln = self.lanes[broker] = Lane(broker)
+            ln = self.lanes[broker] = SpillLane(broker)
         return ln
 
     def settle(self, lease: Lease) -> None:
@@ -588,7 +495,7 @@ class QueueState:
             lane = self.lane(b)
             self.count += lane.restore(saved.get(b) or {}, lo, hi)
             if lane.spill_next is not None:  # the order across brokers is not kept over a restart
-                self.spill_runs.append([lane, lane.enq_next - lane.spill_next])
+                self.spill_runs.note(lane, lane.end - lane.spill_next)
 
     # -- memory queue ----------------------------------------------------------------------
 
@@ -615,27 +522,22 @@ class QueueState:
         got = 0
         runs = self.spill_runs
         while got == 0:
-            while runs and (runs[0][0].spill_next is None or runs[0][1] <= 0):
-                runs.popleft()
-            if not runs:
+            head = runs.head(_spills)
+            if head is None:
                 for ln in self.lanes.values():  # not expected: spilled offsets outside every run
                     if ln.spill_next is not None:
-                        runs.append([ln, ln.enq_next - ln.spill_next])
-                if not runs:
+                        runs.note(ln, ln.end - ln.spill_next)
+                head = runs.head(_spills)
+                if head is None:
                     self.store_empty = True
                     return 0
-            lane, left = runs[0]
+            lane, left = head
             start = lane.spill_next
             assert start is not None
             try:
-                if not lane.hosted:
-                    # In separated mode the LMQ entries of a publish are written by the broker
-                    # that stored it, which the LMQ topic's route need not name: a pull there
-                    # needs the topic known on that broker (queue 0, one entry per broker).
-                    await self.broker.processor.host_lmq(self.broker.ctx, self.topic, lane.broker)
-                    lane.hosted = True
-                r = await self.broker.processor.pull(self.broker.ctx, self.topic, 0, start,
-                                                     max(1, min(n, left, POP_BATCH)), broker=lane.broker)
+                # in separated mode the broker holding this lane may need the LMQ made known there first
+                r = await pull_lane(self.broker.processor, self.topic, lane, start, max(1, min(n, left, POP_BATCH)),
+                                    self.broker.ctx)
             except UnimqError:
                 log.exception("reading queue %r back from the store failed", self.name)
                 return 0
@@ -653,19 +555,10 @@ class QueueState:
                 got += 1
             nxt = max(r.next_offset, start)
             if not r.messages and nxt == start:
-                nxt = lane.enq_next  # nothing readable there any more (retention): give up on the rest
+                nxt = lane.end  # nothing readable there any more (retention): give up on the rest
                 self.count = max(self.count - (nxt - start), self.unacked + len(buf))
-            lane.spill_next = nxt if nxt < lane.enq_next else None
-            done = nxt - start
-            for run in runs:  # the offsets read off this lane's runs, oldest first
-                if done <= 0:
-                    break
-                if run[0] is lane:
-                    k = min(done, run[1])
-                    run[1] -= k
-                    done -= k
-            while runs and runs[0][1] <= 0:
-                runs.popleft()
+            lane.spill_next = nxt if nxt < lane.end else None
+            runs.taken(lane, nxt - start)  # the offsets read off this lane's runs, oldest first
         self.store_empty = not self.spilling()
         return got
 
@@ -705,28 +598,24 @@ class QueueState:
         if msg.properties.get("amqp_expiration") is not None:
             self.per_message_ttl = True
         lane = self.lanes.get(broker) or self.lane(broker)
-        old = lane.enq_next
+        old = lane.end
         if offset is None:  # should not happen: read it (and what follows) back from the LMQ
             offset = old
         if offset > old and lane.spill_next is None:
             lane.spill_next = old  # messages the door did not see: read them back
         if offset + 1 > old:
-            lane.enq_next = offset + 1
+            lane.end = offset + 1
         if lane.spill_next is None:
-            if len(self.buffer) >= MEM_LIMIT or self.mem_bytes >= MEM_BYTES or self.spill_runs:
+            if len(self.buffer) >= MEM_LIMIT or self.mem_bytes >= MEM_BYTES or self.spill_runs.runs:
                 lane.spill_next = offset  # (spill_runs: another lane spills; this one waits behind it)
             else:
                 self.buffer.append(Lease(self, msg, 1, offset, lane, tmpl))
                 self.mem_bytes += len(msg.body)
                 self.wake()
                 return
-        k = lane.enq_next - old
+        k = lane.end - old
         if k > 0:
-            runs = self.spill_runs
-            if runs and runs[-1][0] is lane:
-                runs[-1][1] += k
-            else:
-                runs.append([lane, k])
+            self.spill_runs.note(lane, k)
         self.store_empty = False
         self.wake()
 
@@ -758,9 +647,9 @@ class QueueState:
         self.mem_bytes = 0
         for lane in self.lanes.values():
             if lane.spill_next is not None:
-                n += lane.enq_next - lane.spill_next
+                n += lane.end - lane.spill_next
                 if self.persist:
-                    lane.settle_range(lane.spill_next, lane.enq_next)
+                    lane.settle_range(lane.spill_next, lane.end)
                     self.broker.save_cursor(self)
                 lane.spill_next = None
         self.spill_runs.clear()
