@@ -37,7 +37,12 @@ from core_broker.errors import (
 from gateway.context import RequestContext
 
 from . import codec
-from .broker import UNBOUNDED_CREDIT, AmqpBroker, AmqpError, Lease, QueueState, VHost, _args_key
+from .broker import AmqpBroker
+from .durable import args_key
+from .errors import AmqpError
+from .lease import Lease
+from .queue_state import UNBOUNDED_CREDIT, QueueState
+from .vhost import VHost
 from .mapping import build_message, encoded_delivery
 from .routing import EXCHANGE_TYPES, Binding, Exchange
 
@@ -983,7 +988,7 @@ async def _exchange_bind(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     if m.source == "" or m.destination == "":
         raise AmqpError(codec.ACCESS_REFUSED, "operation not permitted on the default exchange", *_cm(m))
     args = m.arguments or {}
-    b = Binding(m.source, m.destination, True, m.routing_key, _args_key(args))
+    b = Binding(m.source, m.destination, True, m.routing_key, args_key(args))
     if isinstance(m, C.Exchange.Bind):
         _exchange(conn, m.source, m)
         _exchange(conn, m.destination, m)
@@ -1044,7 +1049,7 @@ async def _queue_bind(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     if isinstance(m, C.Queue.Bind):
         q = conn.queue_for(ch, m.queue, m)
         _exchange(conn, m.exchange, m)
-        b = Binding(m.exchange, q.name, False, m.routing_key, _args_key(args))
+        b = Binding(m.exchange, q.name, False, m.routing_key, args_key(args))
         await conn.broker.add_binding(vh, b, dict(args))
         if not m.nowait:
             conn.send_method(ch.number, codec.method(C.Queue.BindOk))
@@ -1057,7 +1062,7 @@ async def _queue_bind(conn: AmqpConnection, ch: Channel, m: Any) -> None:
             conn.check_exclusive(q, m)
         elif not name:
             raise AmqpError(codec.NOT_FOUND, "no previously declared queue", *_cm(m))
-        b = Binding(m.exchange, name, False, m.routing_key, _args_key(args))
+        b = Binding(m.exchange, name, False, m.routing_key, args_key(args))
         await conn.broker.remove_binding(vh, b)
         conn.send_method(ch.number, codec.method(C.Queue.UnbindOk))
 
