@@ -1,12 +1,13 @@
 """The AMQP 0-9-1 door: a thin asyncio server around the codec and the connection logic.
 
-Why so little here: framing lives in the sans-io ``codec``, protocol
-semantics in ``connection`` and ``broker``; this module only binds the
+Why so little here: framing lives in the sans-io ``codec``, the protocol's
+state in ``state``, each connection in ``connection`` (its channels and methods
+beside it), the shared queues and exchanges in ``broker``; this module only binds the
 socket (``gateway.door.bind_socket``, so port 0 reports the real port),
 creates one :class:`~adapters.amqp.connection.AmqpConnection` per client,
 watches the data disk for RabbitMQ's Connection.Blocked alarm, and on stop
 closes every connection with 320 CONNECTION_FORCED after handing their
-unacked messages back to the store.
+unacked messages back to the store (``AmqpConnection.shut_down``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ import logging
 import os
 from typing import Any, Callable
 
-from pamqp import commands as C
-
-from . import codec
 from .broker import AmqpBroker
 from .connection import AmqpConnection
 
@@ -82,17 +80,7 @@ class AmqpDoor:
         broker = self.broker
         conns = list(broker.connections)
         for c in conns:
-            if c.state == "open":
-                c.send_method(0, codec.method(C.Connection.Close, reply_code=codec.CONNECTION_FORCED,
-                                              reply_text="CONNECTION_FORCED - broker forced connection closure "
-                                                         "with reason 'shutdown'", class_id=0, method_id=0))
-            try:
-                await asyncio.wait_for(c.drain(), 5)
-            except (asyncio.TimeoutError, Exception):
-                pass
-            c.state = "closing"
-            c._cleanup_channels()
-            c._abort()
+            await c.shut_down()
         await broker.stop()
         try:
             await asyncio.wait_for(self._server.wait_closed(), 5)
