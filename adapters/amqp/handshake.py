@@ -45,7 +45,8 @@ def credentials(mechanism: str, response: str | bytes | None) -> tuple[str | Non
 
     Any other mechanism is refused with 403 ACCESS_REFUSED."""
     raw = response.encode("utf-8") if isinstance(response, str) else bytes(response or b"")
-    user = password = None
+    user: Any = None  # an AMQPLAIN table may hold any field type: then no user matches
+    password: Any = None
     if mechanism == "PLAIN":
         parts = raw.split(b"\x00")
         if len(parts) == 3:

@@ -208,7 +208,7 @@ class QueueState:
     def ready(self) -> int:
         return max(self.count - self.unacked, 0)
 
-    def expiry_of(self, m: StoredMessage) -> int | None:
+    def expiry_of(self, m: StoredMessage | Message) -> int | None:
         ttl = self.ttl
         e = m.properties.get("amqp_expiration")
         if e is not None:
