@@ -19,6 +19,7 @@ from gateway.lmq_reader import (
     Lane,
     LaneRuns,
     MemoryBudget,
+    SpillLane,
     WindowedLane,
     commit_floor,
     committed_floor,
@@ -76,6 +77,19 @@ def test_durable_record_round_trip():
     again = Lane("b")
     again.restore(lane.to_json(full=False), min_offset=6, max_offset=30)
     assert again.floor == 6
+
+
+def test_spill_lane_resumes_reading_everything_back_from_its_floor():
+    lane = SpillLane("b")
+    assert lane.spill_next is None  # a new lane: what arrives goes to the reader's memory
+    lane.settle(0)
+    lane.settle(2)
+    back = SpillLane("b")
+    assert back.restore(lane.to_json(full=True), min_offset=0, max_offset=5) == 3  # 1, 3, 4
+    assert (back.floor, back.end, back.spill_next) == (1, 5, 1)
+    done = SpillLane("b")
+    assert done.restore({"f": 5}, min_offset=0, max_offset=5) == 0
+    assert done.spill_next is None  # nothing left: nothing to read back
 
 
 def test_window_holds_within_the_shared_budget():
