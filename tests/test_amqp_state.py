@@ -18,9 +18,19 @@ from pamqp import encode as pencode
 from adapters.amqp import codec
 from adapters.amqp.errors import AmqpError, method_ids
 from adapters.amqp.handshake import authenticate, credentials, tune
-from adapters.amqp.state import LIVE, TRANSITIONS, ConnState, Signal, require_open, transition
+from adapters.amqp.state import (
+    LIVE,
+    TRANSITIONS,
+    ChannelState,
+    ConnState,
+    Signal,
+    channel_transition,
+    require_open,
+    transition,
+)
 
 S = ConnState
+CH = ChannelState
 
 
 def test_the_handshake_walks_the_table_to_open() -> None:
@@ -74,6 +84,29 @@ def test_channel_methods_need_an_open_connection() -> None:
         assert ei.value.code == 503 and ei.value.hard and (ei.value.class_id, ei.value.method_id) == (60, 20)
     with pytest.raises(AmqpError, match="basic.publish before the connection is open"):
         require_open(S.TUNE, C.Basic.Publish(), "basic.publish")
+
+
+def test_a_channel_is_opened_once_used_and_closed() -> None:
+    opened = channel_transition(CH.ABSENT, C.Channel.Open(), 1)
+    assert opened is CH.OPEN
+    assert channel_transition(CH.OPEN, C.Basic.Qos(), 1) is CH.OPEN
+    assert channel_transition(CH.OPEN, C.Channel.Close(), 1) is CH.ABSENT
+    # closed by the door: everything but the client's CloseOk is ignored
+    assert channel_transition(CH.CLOSING, C.Basic.Ack(), 1) is CH.CLOSING
+    assert channel_transition(CH.CLOSING, C.Channel.Close(), 1) is CH.CLOSING
+    assert channel_transition(CH.CLOSING, C.Channel.CloseOk(), 1) is CH.ABSENT
+
+
+def test_a_channel_not_open_for_a_method_is_refused_with_504() -> None:
+    with pytest.raises(AmqpError) as ei:
+        channel_transition(CH.ABSENT, C.Queue.Declare(queue="q"), 3)
+    e = ei.value
+    assert e.code == codec.CHANNEL_ERROR and e.hard and (e.class_id, e.method_id) == (50, 10)
+    assert e.text == "CHANNEL_ERROR - expected 'channel.open' on channel 3"
+    for state in (CH.OPEN, CH.CLOSING):
+        with pytest.raises(AmqpError, match="second 'channel.open' seen on channel 3") as ei:
+            channel_transition(state, C.Channel.Open(), 3)
+        assert ei.value.code == 504
 
 
 def test_sasl_credentials() -> None:

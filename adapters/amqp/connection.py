@@ -36,7 +36,16 @@ from .handshake import SERVER_PROPERTIES, authenticate, tune
 from .methods import HANDLERS, NO_DRAIN
 from .publisher import MAX_PENDING, RETRIABLE, Publisher
 from .queue_state import QueueState
-from .state import TRANSITIONS, ConnState, Signal, require_open, transition
+from .state import (
+    TRANSITIONS,
+    ChannelState,
+    ConnState,
+    Signal,
+    channel_transition,
+    no_channel,
+    require_open,
+    transition,
+)
 from .vhost import VHost
 
 log = logging.getLogger("unimq.amqp")
@@ -46,6 +55,9 @@ __all__ = ["AmqpConnection", "SERVER_PROPERTIES"]
 OPEN = ConnState.OPEN
 CLOSING = ConnState.CLOSING
 CLOSED = ConnState.CLOSED
+CH_ABSENT = ChannelState.ABSENT
+CH_OPEN = ChannelState.OPEN
+CH_CLOSING = ChannelState.CLOSING
 # before the connection is tuned, a close is sent and the transport dropped at once (the spec
 # allows it and clients expect it); later the client's CloseOk is awaited
 _CLOSE_THEN_DROP = (ConnState.HEADER, ConnState.START, ConnState.TUNE)
@@ -357,7 +369,7 @@ class AmqpConnection(asyncio.Protocol):
         """The open channel a method is for; None when it is closing (the method is ignored)."""
         ch = self.channels.get(number)
         if ch is None:
-            raise AmqpError(codec.CHANNEL_ERROR, f"expected 'channel.open' on channel {number}", *method_ids(m), hard=True)
+            raise no_channel(number, m)
         if ch.closing:
             return None
         return ch
@@ -381,23 +393,20 @@ class AmqpConnection(asyncio.Protocol):
             await self._connection_method(m)
             return
         require_open(st, m)
-        if isinstance(m, C.Channel.Open):
-            if number in self.channels:
-                raise AmqpError(codec.CHANNEL_ERROR, f"second 'channel.open' seen on channel {number}", 20, 10,
-                                hard=True)
+        ch = self.channels.get(number)
+        cst = CH_ABSENT if ch is None else CH_CLOSING if ch.closing else CH_OPEN
+        nxt = channel_transition(cst, m, number)  # 504 for a channel not open for it
+        if ch is None:  # Channel.Open
             if number > self.channel_max:
                 raise AmqpError(codec.NOT_ALLOWED, f"channel {number} exceeds channel_max {self.channel_max}", 20, 10,
                                 hard=True)
             self.channels[number] = Channel(self, number)
             self.send_method(number, codec.method(C.Channel.OpenOk))
             return
-        ch = self.channels.get(number)
-        if ch is None:
-            raise AmqpError(codec.CHANNEL_ERROR, f"expected 'channel.open' on channel {number}", *method_ids(m), hard=True)
-        if ch.closing:
-            if isinstance(m, C.Channel.CloseOk):
+        if cst is CH_CLOSING:
+            if nxt is CH_ABSENT:  # the client's CloseOk
                 del self.channels[number]
-            elif isinstance(m, C.Channel.Close):
+            elif type(m) is C.Channel.Close:
                 self.send_method(number, codec.method(C.Channel.CloseOk))
             return
         handler = HANDLERS.get(type(m))

@@ -1,10 +1,9 @@
 """One AMQP queue: its definition, consumers, ready buffer, pump, spill to its LMQ and durable cursor.
 
-Why the door holds this state and not the store: AMQP's objects (exchanges,
-bindings, queue arguments, consumers, prefetch windows) are protocol
-concepts, so they live here; what must survive a restart goes through the
-processor's durable key-value state (``kv_put`` namespace ``amqp``), and
-messages live only in the store.
+Why the door holds a queue's state and not the store: a queue's arguments,
+consumers and prefetch windows are AMQP concepts; what must survive a restart
+(its definition, its cursor) goes through the processor's durable key-value
+state (``kv_put`` namespace ``amqp``), and its messages live only in the store.
 
 Each AMQP queue is a light message queue (``%LMQ%amqp/<vhost>/<queue>``):
 a publish is stored once, in its unified topic, and indexed into the LMQ of
@@ -20,10 +19,11 @@ is a connection of this door:
 - ack/nack/reject cost no store call; a requeued message (nack/reject with
   requeue, the unacked messages of a closed channel) goes back to its
   original position (LMQ offset order) with ``redelivered`` set;
-- past the broker's ``MEM_LIMIT`` ready messages (or ``MEM_BYTES`` of bodies) a queue
-  stops holding new ones in memory ("spill") and reads them back later from
-  its LMQ by offset (``processor.pull``, through ``gateway.lmq_reader``), so a queue without consumers
-  cannot eat the memory;
+- past the broker's ``MEM_LIMIT`` ready messages (or ``MEM_BYTES`` of bodies)
+  a queue stops holding new ones in memory ("spill") and reads them back later
+  from its LMQ by offset (``processor.pull``), so a queue without consumers
+  cannot eat the memory; per broker holding part of the LMQ it reads a
+  ``gateway.lmq_reader.SpillLane`` (the reader the MQTT door uses too);
 - a durable queue keeps a cursor in the kv state (``c<SEP>vhost<SEP>queue``):
   the floor (lowest LMQ offset not settled), the offsets settled above it
   (acked out of order), and the delivered high-water mark. It is written
@@ -42,7 +42,6 @@ is a connection of this door:
   queue like RabbitMQ, dead-letter = publish a copy through the DLX, then
   settle the original.
 """
-
 
 from __future__ import annotations
 

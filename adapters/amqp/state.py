@@ -10,6 +10,12 @@ are in one place, readable and testable without a socket; the connection
 Events are the client's channel-0 method classes (pamqp) and the few things
 that are not client methods (:class:`Signal`): the protocol header arriving,
 the door closing the connection, the transport going away.
+
+Each channel has its own small machine (:class:`ChannelState`,
+:func:`channel_transition`): opened once, then every method goes to its
+handler until a Channel.Close; a channel the door closed ignores everything
+but the client's CloseOk. A method on a channel that is not open, or a second
+Channel.Open, is a hard 504 CHANNEL_ERROR.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from pamqp import commands as C
 from . import codec
 from .errors import AmqpError, method_ids
 
-__all__ = ["ConnState", "Signal", "TRANSITIONS", "transition", "require_open", "LIVE"]
+__all__ = ["ConnState", "Signal", "TRANSITIONS", "transition", "require_open", "LIVE", "ChannelState",
+           "channel_transition", "no_channel"]
 
 
 class ConnState(enum.Enum):
@@ -94,3 +101,37 @@ def require_open(state: ConnState, method: Any, what: str | None = None) -> None
     if state is not ConnState.OPEN:
         raise AmqpError(codec.COMMAND_INVALID, f"{what or method.name} before the connection is open",
                         *method_ids(method), hard=True)
+
+
+class ChannelState(enum.Enum):
+    """Where one channel number of a connection is."""
+
+    ABSENT = "absent"  # never opened, or closed and forgotten
+    OPEN = "open"
+    CLOSING = "closing"  # the door sent Channel.Close: waiting for the client's CloseOk
+
+
+def no_channel(number: int, method: Any) -> AmqpError:
+    """504 CHANNEL_ERROR (hard) for a method on a channel that was not opened."""
+    return AmqpError(codec.CHANNEL_ERROR, f"expected 'channel.open' on channel {number}", *method_ids(method),
+                     hard=True)
+
+
+def channel_transition(state: ChannelState, method: Any, number: int) -> ChannelState:
+    """The state channel ``number`` is in after ``method``; a refused one raises 504 CHANNEL_ERROR (hard).
+
+    ABSENT: only Channel.Open (-> OPEN). OPEN: a second Channel.Open is refused,
+    Channel.Close ends it (-> ABSENT), every other method stays OPEN (its handler
+    decides). CLOSING: a second Channel.Open is refused, the client's CloseOk ends
+    it (-> ABSENT), anything else stays CLOSING (ignored; a Close is answered).
+    """
+    t = type(method)
+    if state is ChannelState.ABSENT:
+        if t is C.Channel.Open:
+            return ChannelState.OPEN
+        raise no_channel(number, method)
+    if t is C.Channel.Open:
+        raise AmqpError(codec.CHANNEL_ERROR, f"second 'channel.open' seen on channel {number}", 20, 10, hard=True)
+    if state is ChannelState.OPEN:
+        return ChannelState.ABSENT if t is C.Channel.Close else ChannelState.OPEN
+    return ChannelState.ABSENT if t is C.Channel.CloseOk else ChannelState.CLOSING
