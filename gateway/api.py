@@ -104,6 +104,18 @@ class Router(Protocol):
     def after_send(self, messages: Sequence[Message], results: Sequence[SendResult]) -> None: ...
 
 
+def route_extra(routers: Sequence[Router], m: Message) -> None:
+    """Add to ``m.extra_dispatch`` the queues ``routers`` name for it (each queue once, never
+    the message's own): what every implementation of :meth:`MessagingAPI.send` does first."""
+    extra = list(m.extra_dispatch)
+    for router in routers:
+        for t in router.route(m):
+            if t not in extra and (t.topic, t.queue_id) != (m.topic, m.queue_id):
+                extra.append(t)
+    if len(extra) != len(m.extra_dispatch):
+        m.extra_dispatch = tuple(extra)
+
+
 # Which message types a topic of each type accepts. Doors without topic types
 # (MQTT, AMQP, HTTP) send NORMAL messages, which typed topics other than
 # TRANSACTION take as well; a transactional message needs a TRANSACTION topic.

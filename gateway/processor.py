@@ -44,6 +44,7 @@ from .api import (
     ProcessorConfig,
     Router,
     SendResult,
+    route_extra,
 )
 from .auth import Action, AllowAll, Authorizer, ForbiddenError, Resource, UnauthorizedError
 from .broker_client import BrokerClient, RawPage, TopicRoute
@@ -381,13 +382,7 @@ class MessagingProcessor:
             self._routers.remove(router)
 
     def _route_extra(self, m: Message) -> None:
-        extra = list(m.extra_dispatch)
-        for router in self._routers:
-            for t in router.route(m):
-                if t not in extra and (t.topic, t.queue_id) != (m.topic, m.queue_id):
-                    extra.append(t)
-        if len(extra) != len(m.extra_dispatch):
-            m.extra_dispatch = tuple(extra)
+        route_extra(self._routers, m)
 
     async def end_transaction(
         self,

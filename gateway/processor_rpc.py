@@ -30,7 +30,7 @@ from core_broker.remoting.wire import pack_block, register_error, register_ext, 
 from core_broker.transaction_service import TransactionCheckLostError
 
 from . import api, auth, processor as _processor_module
-from .api import CALLS, MessagingAPI, SendResult
+from .api import CALLS, MessagingAPI, Router, SendResult, route_extra
 from .broker_client import QueueRoute, TopicRoute
 from .context import RequestContext
 from .namespace import namespace_of, unwrap, unwrap_result
@@ -193,6 +193,17 @@ class RemoteProcessor:
         self._ack_tasks: set[asyncio.Task] = set()
         self._checker: Any = None
         self._pollers: list[asyncio.Task] = []
+        self._routers: list[Router] = []
+
+    def add_router(self, router: Router) -> None:
+        """A door built on this client routes what is sent through this client (as doors in
+        one process do through their processor); what other clients and the gateways' own doors
+        send is routed by the processor of the gateway it goes through."""
+        self._routers.append(router)
+
+    def remove_router(self, router: Router) -> None:
+        if router in self._routers:
+            self._routers.remove(router)
 
     def __getattr__(self, name: str) -> Any:
         # the processor API's other calls go over the wire as they are
@@ -219,8 +230,18 @@ class RemoteProcessor:
         raise last  # type: ignore[misc]
 
     async def send(self, ctx: RequestContext, messages: Any, **kwargs: Any) -> list[SendResult]:
+        routers = self._routers
+        if routers:
+            for m in messages:
+                route_extra(routers, m)
         block = await self._invoke("send", ctx, messages_to_block(messages), **kwargs)
-        return [_new_tuple(SendResult, r) for r in unpack_block(block)]
+        results = [_new_tuple(SendResult, r) for r in unpack_block(block)]
+        for router in routers:
+            try:
+                router.after_send(messages, results)
+            except Exception:  # a door's live delivery must never fail a stored send
+                log.exception("router %r failed after a send", router)
+        return results
 
     async def pop(self, *args: Any, **kwargs: Any) -> list:
         return popped_from_block(await self._invoke("pop", *args, **kwargs))

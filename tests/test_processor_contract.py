@@ -93,8 +93,8 @@ def test_rpc_serves_exactly_the_calls() -> None:
         assert callable(getattr(remote, name)), name
     with pytest.raises(AttributeError):
         remote.pull_raw  # in-process only: not a call remote callers get
-    with pytest.raises(AttributeError):
-        remote.add_router
+    # a door built on the RPC client routes what it sends through it, as in one process
+    assert callable(remote.add_router) and callable(remote.remove_router)
 
 
 def test_namespaces_wrap_exactly_the_calls() -> None:

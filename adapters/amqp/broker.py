@@ -27,14 +27,14 @@ import json
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from pamqp import encode as pencode
 
 from core_broker.deadline_loop import DeadlineLoop
 from core_broker.errors import TopicNotFoundError, UnimqError
 from core_broker.model import DispatchTarget, Message
-from gateway.api import MessagingAPI
+from gateway.api import MessagingAPI, SendResult
 from gateway.context import RequestContext
 
 from .durable import KV_NS, SEP, args_decode, args_key, binding_key, exchange_key
@@ -59,10 +59,9 @@ _ForeignRoute = tuple[tuple[QueueState, ...], tuple[DispatchTarget, ...]]
 _NO_ROUTE: _ForeignRoute = ((), ())
 
 
-def lmq_offsets(m: Message, result: Any) -> dict[str, int]:
+def lmq_offsets(m: Message, result: SendResult) -> dict[str, int]:
     """LMQ topic -> the offset a sent message got there (from its send result)."""
-    offs = getattr(result, "extra_offsets", None) or ()
-    return {t.topic: o for t, o in zip(m.extra_dispatch, offs)}
+    return {t.topic: o for t, o in zip(m.extra_dispatch, result.extra_offsets)}
 
 
 class AmqpBroker:
@@ -145,18 +144,17 @@ class AmqpBroker:
     def route(self, m: Message) -> tuple[DispatchTarget, ...]:
         return self._foreign_queues(m)[1]
 
-    def after_send(self, messages: Any, results: Any) -> None:
+    def after_send(self, messages: Sequence[Message], results: Sequence[SendResult]) -> None:
         for m, r in zip(messages, results):
             qs = self._foreign_queues(m)[0]
             if qs:
                 offsets = lmq_offsets(m, r)
                 for q in qs:
-                    q.on_enqueued(m, offsets.get(q.topic), getattr(r, "broker", ""))
+                    q.on_enqueued(m, offsets.get(q.topic), r.broker)
 
     async def start(self) -> None:
         pencode.support_deprecated_rabbitmq(True)  # integers in tables as b/s/I/l, the types RabbitMQ sends
-        if hasattr(self.processor, "add_router"):
-            self.processor.add_router(self)
+        self.processor.add_router(self)
         await self._load()
         self._expiry.start()
         for vh in self.vhosts.values():
@@ -166,8 +164,7 @@ class AmqpBroker:
 
     async def stop(self) -> None:
         self.stopping = True
-        if hasattr(self.processor, "remove_router"):
-            self.processor.remove_router(self)
+        self.processor.remove_router(self)
         await self._expiry.stop()
         for vh in self.vhosts.values():
             for q in vh.queues.values():
