@@ -107,6 +107,12 @@ class BrokerController:
     async def start(self) -> None:
         if not self.store.running:  # a promoted replica's store is open already
             await asyncio.to_thread(self.store.start)
+        if self.store.config.tier_enabled and self.store.tier is None:
+            from .tier import TierService  # late: boto3 is needed only with the tier on
+
+            # boto3 builds its client from JSON models (tens of ms): off the event loop
+            self.store.tier = tier = await asyncio.to_thread(TierService, self.store)
+            tier.start()
         state = await asyncio.to_thread(read_json, self._state_path, {})
         self.pops.load(state.get("pop"))
         self.timers.tracker = type(self.timers.tracker).from_json(state.get("timer"))
@@ -169,6 +175,10 @@ class BrokerController:
                 if not f.done():
                     f.set_result(None)
         await self.write_snapshot()
+        tier = self.store.tier
+        if tier is not None:  # its worker reads segment files: stop it before they close
+            await asyncio.to_thread(tier.stop)  # type: ignore[attr-defined]
+            self.store.tier = None
         await asyncio.to_thread(self.store.shutdown)
 
     def prune_tombstones(self, now_ms: int | None = None) -> int:

@@ -57,6 +57,20 @@ class StoreConfig:
     disk_refuse_free_ratio: float = 0.02
     retention_check_interval_s: float = 10.0
     consumer_offset_persist_interval_s: float = 5.0
+    # Tiered storage (core_broker/tier/): sealed segments are uploaded to an S3-compatible
+    # object store, and local retention deletes a segment only once its upload is confirmed.
+    # Credentials come from boto3's usual chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,
+    # AWS_PROFILE, ~/.aws/credentials, instance roles).
+    tier_enabled: bool = False
+    tier_endpoint: str = ""  # e.g. "http://127.0.0.1:9000"; empty: AWS S3 for tier_region
+    tier_bucket: str = ""  # must exist; required when the tier is on
+    tier_prefix: str = "unimq"  # key prefix inside the bucket (objects go under <prefix>/<store id>/)
+    tier_region: str = ""  # empty: boto3's default (AWS_REGION / ~/.aws/config)
+    # Tier retention: segments whose newest message is older than this leave the tier; 0 keeps them.
+    tier_retention_hours: float = 0.0
+    tier_scan_interval_s: float = 5.0  # how often the upload worker looks for newly sealed segments
+    tier_retry_max_s: float = 60.0  # longest back-off between two failed upload attempts
+    tier_expiry_interval_s: float = 600.0  # how often tier retention runs (when no upload waits)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -66,6 +80,13 @@ class StoreConfig:
             raise ValueError("commitlog_segment_size must be at least 4096 bytes")
         if self.max_message_size > self.commitlog_segment_size // 2:
             self.max_message_size = self.commitlog_segment_size // 2
+        if self.tier_enabled and not self.tier_bucket:
+            raise ValueError("tier_enabled needs tier_bucket (an existing bucket of the object store)")
+        if self.tier_retention_hours < 0 or 0 < self.tier_retention_hours < self.retention_hours:
+            raise ValueError(
+                "tier_retention_hours must be 0 (keep for ever) or at least retention_hours "
+                f"({self.retention_hours}): the tier keeps what the local disk let go"
+            )
 
     @property
     def warmup_enabled(self) -> bool:

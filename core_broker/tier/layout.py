@@ -1,0 +1,74 @@
+"""Where the tier's objects live, and the manifest that makes a segment's objects count.
+
+Keys, under the configured prefix and the store's id (a store id names one
+commitlog, so two brokers sharing a bucket never mix)::
+
+    <store_id>/segment/<base>       the sealed segment file, as it is on disk
+    <store_id>/index/<base>         its queue entries and keys (``segment_index``)
+    <store_id>/manifest/<base>      JSON, written last: the segment is in the tier
+    <store_id>/tmp/...              uploads in progress; swept at start
+
+``<base>`` is the segment's first commitlog offset in 20 digits, as local segment
+files are named. Data objects are immutable: a segment is uploaded once, and an
+upload repeated after a crash writes the same bytes. Nothing counts as uploaded
+until its manifest exists, and the manifest is written only after both data
+objects are complete (each complete on arrival, see ``object_store``), so a crash
+at any point leaves either a whole segment in the tier or no manifest: a reader
+that starts from manifests can never take a partial object for data. Expiry
+deletes the manifest first for the same reason.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+def segment_key(store_id: str, base: int) -> str:
+    return f"{store_id}/segment/{base:020d}"
+
+
+def index_key(store_id: str, base: int) -> str:
+    return f"{store_id}/index/{base:020d}"
+
+
+def manifest_key(store_id: str, base: int) -> str:
+    return f"{store_id}/manifest/{base:020d}"
+
+
+def manifest_dir(store_id: str) -> str:
+    return f"{store_id}/manifest/"
+
+
+def tmp_dir(store_id: str) -> str:
+    return f"{store_id}/tmp"
+
+
+def base_of(name: str) -> int | None:
+    """The segment base a manifest's name ends with, or None for a name that is not one."""
+    tail = name.rsplit("/", 1)[-1]
+    return int(tail) if tail.isdigit() and len(tail) == 20 else None
+
+
+@dataclass
+class Manifest:
+    """What the tier holds of one segment; its presence is the upload's confirmation."""
+
+    base: int  # commitlog offset of the segment's first byte
+    length: int  # [base, base + length) holds every record of the segment
+    size: int  # bytes of the segment object (the whole segment file)
+    sha256: str  # of the segment object
+    index_length: int  # bytes of the index object
+    first_ts: int  # store timestamps (ms) of the segment's first and last records
+    last_ts: int
+    # [topic, queue id, first queue offset, end queue offset) of every queue with entries here
+    queues: list[list] = field(default_factory=list)
+    version: int = 1
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Manifest":
+        raw = json.loads(data)
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})

@@ -1,0 +1,109 @@
+"""The S3-compatible object store, as the tier needs it: complete objects, ranged reads, listing.
+
+Why a wrapper round boto3: the tier's rule that an object is visible only once
+whole lives here. A large object is uploaded to a temporary key (boto3's managed
+transfer, multipart for big files) and copied to its final key, then the
+temporary key is deleted; a crash in between leaves only a ``tmp/`` key, which no
+reader looks at. Small objects go up in one PUT, which S3 makes visible whole or
+not at all. Checksums are calculated and validated only when an operation
+requires them: with boto3's newer defaults ranged GETs fail against several
+S3 implementations. Credentials come from boto3's usual chain (environment
+variables, ``~/.aws`` files, instance roles). boto3 is imported here only, so
+the store runs without it while the tier is off.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import IO, Callable, Iterator
+
+
+class ObjectStore:
+    """One bucket and key prefix on an S3-compatible endpoint."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint: str = "",
+        region: str = "",
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 30.0,
+    ) -> None:
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        # What a call raises when the store is down, slow or refuses: the uploader retries these.
+        self.errors: tuple[type[BaseException], ...] = (BotoCoreError, ClientError, OSError)
+        self._client_error = ClientError
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        config = Config(
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            retries={"max_attempts": 2, "mode": "standard"},  # the uploader backs off itself
+        )
+        self.client = boto3.client(
+            "s3", endpoint_url=endpoint or None, region_name=region or None, config=config
+        )
+
+    def key(self, name: str) -> str:
+        """The full key of ``name`` under the prefix."""
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def put_small(self, name: str, data: bytes) -> None:
+        """One PUT: visible whole or not at all (manifests, indexes)."""
+        self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
+
+    def put_complete(self, name: str, fileobj: IO[bytes], tmp_dir: str, between: Callable[[], None] | None = None) -> None:
+        """Upload ``fileobj`` so that ``name`` appears only complete: temp key, copy, delete temp.
+
+        ``between`` (tests) is called after the temporary upload and before the copy.
+        """
+        tmp = self.key(f"{tmp_dir}/{name.replace('/', '_')}.{uuid.uuid4().hex}")
+        self.client.upload_fileobj(fileobj, self.bucket, tmp)
+        try:
+            if between is not None:
+                between()
+            self.client.copy({"Bucket": self.bucket, "Key": tmp}, self.bucket, self.key(name))
+        finally:
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=tmp)
+            except self.errors:
+                pass  # left for the sweep of tmp/ at the next start
+
+    def get(self, name: str) -> bytes:
+        return self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
+
+    def get_range(self, name: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of an object (one ranged GET)."""
+        r = self.client.get_object(Bucket=self.bucket, Key=self.key(name), Range=f"bytes={start}-{end - 1}")
+        return r["Body"].read()
+
+    def size(self, name: str) -> int | None:
+        """The object's size, or None when there is no such object."""
+        try:
+            return int(self.client.head_object(Bucket=self.bucket, Key=self.key(name))["ContentLength"])
+        except self._client_error as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+
+    def list(self, under: str) -> Iterator[str]:
+        """Names (without the prefix) of every object under ``under``."""
+        strip = len(self.key(""))
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.key(under))
+        for page in pages:
+            for obj in page.get("Contents", ()):
+                yield obj["Key"][strip:]
+
+    def delete(self, names: list[str]) -> None:
+        for i in range(0, len(names), 1000):  # DeleteObjects takes at most 1000 keys
+            chunk = names[i : i + 1000]
+            self.client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": [{"Key": self.key(n)} for n in chunk], "Quiet": True}
+            )
+

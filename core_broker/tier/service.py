@@ -1,0 +1,81 @@
+"""TierService: what the store and the broker hold of the tier.
+
+Why one object: the store asks one question of the tier (``may_delete``: is this
+segment safe to drop locally?) and the broker starts and stops it and reads its
+status; behind it are the object store client, the upload worker and tier
+retention, each in its own module. Built from the store's configuration
+(``tier_*`` knobs of ``StoreConfig``) and attached as ``store.tier`` by the
+broker once the store is open; off by default.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..mapped_file import MappedFile
+from . import expiry
+from .object_store import ObjectStore
+from .uploader import Uploader
+
+if TYPE_CHECKING:
+    from ..message_store import MessageStore
+
+
+class TierService:
+    def __init__(self, store: "MessageStore", objects: ObjectStore | None = None) -> None:
+        cfg = store.config
+        self.store = store
+        self.objects = objects or ObjectStore(cfg.tier_bucket, cfg.tier_prefix, cfg.tier_endpoint, cfg.tier_region)
+        self.retention_hours = cfg.tier_retention_hours
+        self.expiry_interval_s = cfg.tier_expiry_interval_s
+        self._last_expiry = 0.0
+        self.uploader = Uploader(store, self.objects, cfg.tier_scan_interval_s, cfg.tier_retry_max_s, self._idle)
+
+    def start(self) -> None:
+        """Start the upload worker (no network call here: the worker makes them)."""
+        self.uploader.start()
+
+    def stop(self) -> None:
+        self.uploader.stop()
+
+    def may_delete(self, segment: MappedFile) -> bool:
+        """Local retention's question: is ``segment`` confirmed in the tier?"""
+        return self.uploader.confirmed(segment.base)
+
+    def backlog(self) -> tuple[int, int]:
+        """(segments, bytes) waiting for upload: the metric of a slow or absent object store."""
+        return self.uploader.backlog()
+
+    def run_expiry(self, now: float | None = None) -> int:
+        """Apply ``tier_retention_hours`` now (the worker does this when idle); return segments removed."""
+        if self.retention_hours <= 0:
+            return 0
+        now = time.time() if now is None else now
+        horizon_ms = int((now - self.retention_hours * 3600) * 1000)
+        return expiry.expire(self.objects, self.uploader, self.store.store_id, horizon_ms)
+
+    def _idle(self) -> None:
+        if time.monotonic() - self._last_expiry >= self.expiry_interval_s:
+            self._last_expiry = time.monotonic()
+            self.run_expiry()
+
+    def status(self) -> dict[str, Any]:
+        """What is uploaded, what waits, and where the log starts in the tier and locally."""
+        up = self.uploader
+        segments, nbytes = up.backlog()
+        in_tier = sorted(up.in_tier)
+        return {
+            "bucket": self.objects.bucket,
+            "prefix": self.objects.prefix,
+            "store_id": self.store.store_id,
+            "listed": up.listed,
+            "uploaded_segments": len(in_tier),
+            "uploaded_this_run": up.uploaded,
+            "pending_segments": segments,
+            "pending_bytes": nbytes,
+            "oldest_tier_offset": in_tier[0] if in_tier else None,
+            "oldest_local_offset": self.store.commitlog.min_offset,
+            "failures": up.failures,
+            "last_error": up.last_error,
+        }

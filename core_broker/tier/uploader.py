@@ -1,0 +1,177 @@
+"""The upload worker: every sealed, checkpointed segment goes to the tier, oldest first.
+
+Why a thread of its own, and why it never touches the write path: the object
+store may be down, slow or far away, and none of that may stop a put. The worker
+only reads segment files the writer is done with (sealed: a later segment exists,
+and the checkpoint covers the whole segment, so its queue entries are on disk
+too), and keeps the list of confirmed uploads that local retention asks before it
+deletes a segment. A failed upload is retried with exponential back-off (with
+jitter, capped at ``tier_retry_max_s``); meanwhile the backlog grows and is what
+:meth:`Uploader.backlog` reports. After a restart the confirmed set is read back
+from the tier's manifests (until that listing succeeds, nothing counts as
+uploaded and retention waits), and temporary keys a crash left are deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+from ..json_file import read_json
+from ..mapped_file import MappedFile
+from . import layout
+from .object_store import ObjectStore
+from .segment_index import scan_segment
+
+if TYPE_CHECKING:
+    from ..message_store import MessageStore
+
+log = logging.getLogger("unimq.tier")
+
+RETRY_BASE_S = 0.2
+
+
+class Uploader:
+    """Uploads sealed segments on one worker thread; knows which are confirmed."""
+
+    def __init__(
+        self,
+        store: "MessageStore",
+        objects: ObjectStore,
+        scan_interval_s: float,
+        retry_max_s: float,
+        idle: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.objects = objects
+        self.scan_interval_s = scan_interval_s
+        self.retry_max_s = retry_max_s
+        self.idle = idle  # called on the worker when there is nothing to upload (tier retention)
+        self._lock = threading.Lock()
+        # Segment base -> newest store timestamp (ms; None until read) of every segment whose
+        # manifest is in the tier: the confirmed uploads.
+        self.in_tier: dict[int, int | None] = {}
+        # Segments tier retention removed: still confirmed (never uploaded again), no longer readable.
+        self.expired: set[int] = set()
+        self.listed = False  # the tier's manifests were read since start
+        self.uploaded = 0  # segments uploaded by this process
+        self.failures = 0  # consecutive failed attempts
+        self.last_error = ""
+        # Tests: called between the temporary upload of a segment and its copy into place.
+        self.between_upload_and_commit: Callable[[], None] | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="unimq-tier-upload", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def kick(self) -> None:
+        """Look for work now rather than at the next scan (tests, and after a roll)."""
+        self._wake.set()
+
+    # ------------------------------------------------------------------ what retention and metrics read
+
+    def confirmed(self, base: int) -> bool:
+        with self._lock:
+            return base in self.in_tier or base in self.expired
+
+    def forget(self, base: int) -> None:
+        """Tier retention deleted the segment's manifest: confirmed still, readable no more."""
+        with self._lock:
+            self.in_tier.pop(base, None)
+            self.expired.add(base)
+
+    def sealed(self) -> list[MappedFile]:
+        """Segments the writer is done with and a checkpoint covers, not confirmed yet."""
+        files = list(self.store.commitlog.files.files)
+        safe = int(read_json(self.store.checkpoint_path, {}).get("safe", 0))
+        with self._lock:
+            done = self.in_tier.keys() | self.expired
+        return [mf for mf in files[:-1] if mf.end <= safe and mf.base not in done]
+
+    def backlog(self) -> tuple[int, int]:
+        """(segments, bytes) sealed on local disk and not yet confirmed in the tier."""
+        files = list(self.store.commitlog.files.files)[:-1]
+        with self._lock:
+            done = self.in_tier.keys() | self.expired
+        waiting = [mf for mf in files if mf.base not in done]
+        return len(waiting), sum(mf.size for mf in waiting)
+
+    # ------------------------------------------------------------------ the worker
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if not self.listed:
+                    self._list_tier()
+                todo = self.sealed()
+                if todo:
+                    self.upload(todo[0])
+                self.failures, self.last_error = 0, ""
+                if len(todo) > 1:
+                    continue
+                if not todo and self.idle is not None:
+                    self.idle()
+                wait = self.scan_interval_s
+            except self.objects.errors as e:
+                self.failures += 1
+                self.last_error = f"{type(e).__name__}: {e}"
+                wait = min(self.retry_max_s, RETRY_BASE_S * 2 ** min(self.failures - 1, 30))
+                wait *= random.uniform(0.5, 1.0)
+                log.warning("tier upload failed (attempt %d, retrying in %.1fs): %s", self.failures, wait, self.last_error)
+            except Exception:  # a bug, not the network: keep the broker serving and retry later
+                self.failures += 1
+                log.exception("tier upload round failed")
+                wait = self.retry_max_s
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def _list_tier(self) -> None:
+        """Read the confirmed set back from the tier; delete what a crash left in ``tmp/``."""
+        sid = self.store.store_id
+        found = {b: None for b in map(layout.base_of, self.objects.list(layout.manifest_dir(sid))) if b is not None}
+        stale = list(self.objects.list(layout.tmp_dir(sid) + "/"))
+        if stale:
+            self.objects.delete(stale)
+            log.info("deleted %d unfinished upload(s) left by an earlier run", len(stale))
+        with self._lock:
+            for b, ts in found.items():
+                self.in_tier.setdefault(b, ts)
+        self.listed = True
+
+    def upload(self, mf: MappedFile) -> layout.Manifest:
+        """Segment, then index, then manifest: the manifest's arrival confirms the upload."""
+        sid = self.store.store_id
+        t0 = time.monotonic()
+        ix = scan_segment(mf.path, mf.base)
+        with open(mf.path, "rb") as fh:
+            self.objects.put_complete(
+                layout.segment_key(sid, mf.base), fh, layout.tmp_dir(sid), self.between_upload_and_commit
+            )
+        index = ix.encode()
+        self.objects.put_small(layout.index_key(sid, mf.base), index)
+        manifest = layout.Manifest(
+            base=mf.base, length=ix.length, size=ix.size, sha256=ix.sha256, index_length=len(index),
+            first_ts=ix.first_ts, last_ts=ix.last_ts, queues=ix.queue_ranges(),
+        )
+        self.objects.put_small(layout.manifest_key(sid, mf.base), manifest.encode())
+        with self._lock:
+            self.in_tier[mf.base] = ix.last_ts
+        self.uploaded += 1
+        log.info("uploaded commitlog segment %d to the tier (%d bytes in %.2fs)", mf.base, ix.size, time.monotonic() - t0)
+        return manifest
