@@ -46,6 +46,7 @@ from .flush_service import FlushService
 from .group_commit import GroupCommit
 from .index_file import IndexService
 from .json_file import read_json, write_json_atomic
+from .mapped_file import MappedFile
 from .model import (
     GetResult,
     GetStatus,
@@ -77,6 +78,12 @@ class MessageFilter(Protocol):
     def matches(self, tag: str | None, properties: dict[str, str]) -> bool: ...
 
 
+class SegmentKeeper(Protocol):
+    """What retention asks before deleting a segment (the tier, ``core_broker.tier``)."""
+
+    def may_delete(self, segment: MappedFile) -> bool: ...
+
+
 class MessageStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
@@ -103,6 +110,9 @@ class MessageStore:
         self._housekeeping: threading.Thread | None = None
         self._hk_stop = threading.Event()
         self.recovered_abnormally = False
+        # The tiered storage, when on (core_broker.tier, attached by the broker): retention
+        # deletes a segment only once the tier confirms its upload.
+        self.tier: SegmentKeeper | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -705,7 +715,10 @@ class MessageStore:
         horizon = now - self.config.retention_hours * 3600
         files = self.commitlog.files.files
         n = 0
+        tier = self.tier
         for mf in files[:-1]:  # never the segment being written
+            if tier is not None and not tier.may_delete(mf):
+                break  # not in the tier yet: keep it (and every later one) until it is
             try:
                 mtime = os.stat(mf.path).st_mtime
             except FileNotFoundError:
