@@ -23,13 +23,10 @@ log = logging.getLogger("unimq.tier")
 def expire(objects: ObjectStore, uploader: Uploader, store_id: str, horizon_ms: int) -> int:
     """Delete the tier's segments whose newest record is older than ``horizon_ms``; return how many."""
     n = 0
-    for base in sorted(uploader.in_tier):
-        last_ts = uploader.in_tier.get(base)
-        if last_ts is None:  # listed at start: read its manifest once
-            last_ts = layout.Manifest.decode(objects.get(layout.manifest_key(store_id, base))).last_ts
-            uploader.in_tier[base] = last_ts
-        if last_ts >= horizon_ms:
+    for m in uploader.manifests():
+        if m.last_ts >= horizon_ms:
             break
+        base = m.base
         objects.delete([layout.manifest_key(store_id, base)])
         uploader.forget(base)
         objects.delete([layout.segment_key(store_id, base), layout.index_key(store_id, base)])

@@ -61,7 +61,8 @@ class Manifest:
     index_length: int  # bytes of the index object
     first_ts: int  # store timestamps (ms) of the segment's first and last records
     last_ts: int
-    # [topic, queue id, first queue offset, end queue offset) of every queue with entries here
+    # [topic, queue id, first queue offset, end queue offset, position of the first entry in
+    # the index object] of every queue with entries here
     queues: list[list] = field(default_factory=list)
     version: int = 1
 

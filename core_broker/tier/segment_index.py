@@ -28,7 +28,7 @@ from pathlib import Path
 from .. import record
 from ..appender import tag_hash
 
-_ENTRY = struct.Struct("<qqiq")  # queue offset, commitlog offset, size, tag hash
+ENTRY = struct.Struct("<qqiq")  # queue offset, commitlog offset, size, tag hash (28 bytes)
 _KEY = struct.Struct("<qq")  # commitlog offset, store timestamp
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
@@ -49,21 +49,29 @@ class SegmentIndex:
     queues: dict[tuple[str, int], list[Entry]] = field(default_factory=dict)
     keys: list[tuple[str, int, int]] = field(default_factory=list)
 
-    def queue_ranges(self) -> list[list]:
-        """``[topic, queue id, first offset, end offset)`` per queue (entries are in order)."""
-        return [[t, q, e[0][0], e[-1][0] + 1] for (t, q), e in sorted(self.queues.items()) if e]
-
-    def encode(self) -> bytes:
+    def encode(self) -> tuple[bytes, dict[tuple[str, int], int]]:
+        """The index object, and where each queue's first entry starts in it (the manifest
+        records it, so a reader fetches a queue's entries with one ranged GET)."""
         out = [_U32.pack(len(self.queues))]
+        pos = _U32.size
+        where: dict[tuple[str, int], int] = {}
         for (topic, qid), entries in sorted(self.queues.items()):
             tb = topic.encode()
             out += [_U16.pack(len(tb)), tb, _I32.pack(qid), _U32.pack(len(entries))]
-            out += [_ENTRY.pack(*e) for e in entries]
+            pos += 2 + len(tb) + 8
+            where[(topic, qid)] = pos
+            out += [ENTRY.pack(*e) for e in entries]
+            pos += len(entries) * ENTRY.size
         out.append(_U32.pack(len(self.keys)))
         for key, phys, ts in self.keys:
             kb = key.encode()
             out += [_U16.pack(len(kb)), kb, _KEY.pack(phys, ts)]
-        return b"".join(out)
+        return b"".join(out), where
+
+    def queue_ranges(self, where: dict[tuple[str, int], int]) -> list[list]:
+        """``[topic, queue id, first offset, end offset, entries' position in the index]`` per
+        queue; a queue's entries in one segment have consecutive offsets."""
+        return [[t, q, e[0][0], e[-1][0] + 1, where[(t, q)]] for (t, q), e in sorted(self.queues.items()) if e]
 
     @classmethod
     def decode(cls, data: bytes) -> "SegmentIndex":
@@ -78,8 +86,8 @@ class SegmentIndex:
             (qid,) = _I32.unpack_from(data, p)
             (n,) = _U32.unpack_from(data, p + 4)
             p += 8
-            ix.queues[(topic, qid)] = [_ENTRY.unpack_from(data, p + i * _ENTRY.size) for i in range(n)]
-            p += n * _ENTRY.size
+            ix.queues[(topic, qid)] = [ENTRY.unpack_from(data, p + i * ENTRY.size) for i in range(n)]
+            p += n * ENTRY.size
         (nk,) = _U32.unpack_from(data, p)
         p += 4
         for _ in range(nk):
@@ -117,9 +125,9 @@ def scan_segment(path: Path, base: int) -> SegmentIndex:
                 break  # a BLANK filler, the zero tail or the segment's end
             h = record.parse_header(mm, pos)
             th = tag_hash(h.tag)
-            ix.queues.setdefault((h.topic, h.queue_id), []).append((h.queue_offset, base + pos, h.size, th))
+            _add(ix.queues, h.topic, h.queue_id, (h.queue_offset, base + pos, h.size, th))
             for topic, qid, qo in h.dispatch:
-                ix.queues.setdefault((topic, qid), []).append((qo, base + pos, h.size, th))
+                _add(ix.queues, topic, qid, (qo, base + pos, h.size, th))
             if h.origin_offset < 0:
                 ix.keys += [(f"{h.topic}#{k}", base + pos, h.store_ts) for k in h.keys]
                 if h.message_id:
@@ -138,3 +146,16 @@ def scan_segment(path: Path, base: int) -> SegmentIndex:
         except BufferError:
             pass
     return ix
+
+
+def _add(queues: dict[tuple[str, int], list[Entry]], topic: str, qid: int, entry: Entry) -> None:
+    """Append a queue entry, keeping each queue's entries one run of consecutive offsets.
+
+    Offsets go back only when a topic was deleted and created again while this segment
+    was written (its queue restarts at 0): the local queue then holds the new run alone,
+    and so does the tier.
+    """
+    entries = queues.setdefault((topic, qid), [])
+    if entries and entry[0] != entries[-1][0] + 1:
+        entries.clear()
+    entries.append(entry)

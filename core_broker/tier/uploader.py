@@ -51,9 +51,9 @@ class Uploader:
         self.retry_max_s = retry_max_s
         self.idle = idle  # called on the worker when there is nothing to upload (tier retention)
         self._lock = threading.Lock()
-        # Segment base -> newest store timestamp (ms; None until read) of every segment whose
-        # manifest is in the tier: the confirmed uploads.
-        self.in_tier: dict[int, int | None] = {}
+        # Segment base -> manifest of every segment in the tier: the confirmed uploads (and,
+        # for the reader, where each queue's offsets are).
+        self.in_tier: dict[int, layout.Manifest] = {}
         # Segments tier retention removed: still confirmed (never uploaded again), no longer readable.
         self.expired: set[int] = set()
         self.listed = False  # the tier's manifests were read since start
@@ -85,6 +85,11 @@ class Uploader:
         self._wake.set()
 
     # ------------------------------------------------------------------ what retention and metrics read
+
+    def manifests(self) -> list[layout.Manifest]:
+        """The segments readable in the tier, oldest first."""
+        with self._lock:
+            return [self.in_tier[b] for b in sorted(self.in_tier)]
 
     def confirmed(self, base: int) -> bool:
         with self._lock:
@@ -142,16 +147,24 @@ class Uploader:
             self._wake.clear()
 
     def _list_tier(self) -> None:
-        """Read the confirmed set back from the tier; delete what a crash left in ``tmp/``."""
+        """Read the confirmed set back from the tier; delete what a crash left in ``tmp/``.
+
+        Every manifest is read (one GET each, a few hundred bytes): the reader and tier
+        retention need their queue ranges and timestamps without a network call.
+        """
         sid = self.store.store_id
-        found = {b: None for b in map(layout.base_of, self.objects.list(layout.manifest_dir(sid))) if b is not None}
+        found = {}
+        for name in self.objects.list(layout.manifest_dir(sid)):
+            base = layout.base_of(name)
+            if base is not None:
+                found[base] = layout.Manifest.decode(self.objects.get(name))
         stale = list(self.objects.list(layout.tmp_dir(sid) + "/"))
         if stale:
             self.objects.delete(stale)
             log.info("deleted %d unfinished upload(s) left by an earlier run", len(stale))
         with self._lock:
-            for b, ts in found.items():
-                self.in_tier.setdefault(b, ts)
+            for b, m in found.items():
+                self.in_tier.setdefault(b, m)
         self.listed = True
 
     def upload(self, mf: MappedFile) -> layout.Manifest:
@@ -163,15 +176,15 @@ class Uploader:
             self.objects.put_complete(
                 layout.segment_key(sid, mf.base), fh, layout.tmp_dir(sid), self.between_upload_and_commit
             )
-        index = ix.encode()
+        index, where = ix.encode()
         self.objects.put_small(layout.index_key(sid, mf.base), index)
         manifest = layout.Manifest(
             base=mf.base, length=ix.length, size=ix.size, sha256=ix.sha256, index_length=len(index),
-            first_ts=ix.first_ts, last_ts=ix.last_ts, queues=ix.queue_ranges(),
+            first_ts=ix.first_ts, last_ts=ix.last_ts, queues=ix.queue_ranges(where),
         )
         self.objects.put_small(layout.manifest_key(sid, mf.base), manifest.encode())
         with self._lock:
-            self.in_tier[mf.base] = ix.last_ts
+            self.in_tier[mf.base] = manifest
         self.uploaded += 1
         log.info("uploaded commitlog segment %d to the tier (%d bytes in %.2fs)", mf.base, ix.size, time.monotonic() - t0)
         return manifest
