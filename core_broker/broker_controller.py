@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .config import BrokerConfig, StoreConfig
 from .deadline_loop import DeadlineLoop
@@ -40,6 +40,9 @@ from .system_topics import (
 from .timer_service import TimerService
 from .topic_config import TopicConfig
 from .transaction_service import TransactionChecker, TransactionService
+
+if TYPE_CHECKING:
+    from .tier import TierService
 
 log = logging.getLogger("unimq.broker")
 
@@ -100,6 +103,8 @@ class BrokerController:
         self._kv_last = 0
         # Called when the broker creates a topic itself (retry and dead-letter topics).
         self.on_topics_changed: Callable[[], None] | None = None
+        # Tiered storage, when the store's config turns it on (attached at start).
+        self.tier: TierService | None = None
         self.started = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -111,7 +116,7 @@ class BrokerController:
             from .tier import TierService  # late: boto3 is needed only with the tier on
 
             # boto3 builds its client from JSON models (tens of ms): off the event loop
-            self.store.tier = tier = await asyncio.to_thread(TierService, self.store)
+            self.tier = self.store.tier = tier = await asyncio.to_thread(TierService, self.store)
             tier.start()
         state = await asyncio.to_thread(read_json, self._state_path, {})
         self.pops.load(state.get("pop"))
@@ -175,10 +180,10 @@ class BrokerController:
                 if not f.done():
                     f.set_result(None)
         await self.write_snapshot()
-        tier = self.store.tier
-        if tier is not None:  # its worker reads segment files: stop it before they close
-            await asyncio.to_thread(tier.stop)  # type: ignore[attr-defined]
-            self.store.tier = None
+        tier = self.tier
+        if tier is not None:  # its workers read segment files: stop them before they close
+            await asyncio.to_thread(tier.stop)
+            self.tier = self.store.tier = None
         await asyncio.to_thread(self.store.shutdown)
 
     def prune_tombstones(self, now_ms: int | None = None) -> int:
@@ -386,7 +391,7 @@ class BrokerController:
 
     def describe_topic(self, name: str) -> TopicStats:
         tc = self.store.topics.require(name)
-        qs = [QueueStats(q, self.store.min_offset(name, q), self.store.max_offset(name, q)) for q in tc.queue_ids]
+        qs = [QueueStats(q, self._min_offset(name, q), self.store.max_offset(name, q)) for q in tc.queue_ids]
         return TopicStats(tc, qs)
 
     def ensure_system_topic(self, name: str) -> None:
@@ -588,6 +593,10 @@ class BrokerController:
             if not caught_up or time.monotonic() >= deadline:
                 break
             await self._wait_arrival((topic,), min(deadline - time.monotonic(), 0.5))
+        if r.status == GetStatus.OFFSET_MOVED and self.tier is not None:  # gone locally: try the tier
+            cold = await self.tier.get_async(topic, queue_id, offset, max_count, flt)
+            if cold is not None:
+                r = cold
         for m in r.messages:
             m.properties = public_properties(m.properties)
         return r
@@ -613,10 +622,16 @@ class BrokerController:
     def get_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         return self.store.offsets.get(group, topic, queue_id)
 
+    def _min_offset(self, topic: str, queue_id: int) -> int:
+        """The oldest offset a pull can read: in the tier when it is on, else on local disk."""
+        if self.tier is not None:
+            return self.tier.min_offset(topic, queue_id)
+        return self.store.min_offset(topic, queue_id)
+
     def query_offset(self, topic: str, queue_id: int, policy: str = "end", timestamp_ms: int = 0) -> int:
         """'begin' (earliest retained), 'end' (next to be written) or 'timestamp'."""
         if policy == "begin":
-            return self.store.min_offset(topic, queue_id)
+            return self._min_offset(topic, queue_id)
         if policy == "end":
             return self.store.max_offset(topic, queue_id)
         if policy == "timestamp":

@@ -71,6 +71,11 @@ class StoreConfig:
     tier_scan_interval_s: float = 5.0  # how often the upload worker looks for newly sealed segments
     tier_retry_max_s: float = 60.0  # longest back-off between two failed upload attempts
     tier_expiry_interval_s: float = 600.0  # how often tier retention runs (when no upload waits)
+    # Cold reads (offsets no longer on local disk) run on this many threads of their own, read
+    # the tier in blocks of tier_read_block_bytes and keep at most tier_read_cache_bytes of them.
+    tier_read_threads: int = 2
+    tier_read_block_bytes: int = 1 << 20
+    tier_read_cache_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -82,6 +87,8 @@ class StoreConfig:
             self.max_message_size = self.commitlog_segment_size // 2
         if self.tier_enabled and not self.tier_bucket:
             raise ValueError("tier_enabled needs tier_bucket (an existing bucket of the object store)")
+        if self.tier_read_threads < 1 or self.tier_read_block_bytes < 4096 or self.tier_read_cache_bytes < 0:
+            raise ValueError("tier_read_threads must be at least 1 and tier_read_block_bytes at least 4096")
         if self.tier_retention_hours < 0 or 0 < self.tier_retention_hours < self.retention_hours:
             raise ValueError(
                 "tier_retention_hours must be 0 (keep for ever) or at least retention_hours "

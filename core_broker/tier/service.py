@@ -10,16 +10,20 @@ broker once the store is open; off by default.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..mapped_file import MappedFile
+from ..model import GetResult
 from . import expiry
 from .object_store import ObjectStore
+from .reader import TierReader
 from .uploader import Uploader
 
 if TYPE_CHECKING:
-    from ..message_store import MessageStore
+    from ..message_store import MessageFilter, MessageStore
 
 
 class TierService:
@@ -31,6 +35,9 @@ class TierService:
         self.expiry_interval_s = cfg.tier_expiry_interval_s
         self._last_expiry = 0.0
         self.uploader = Uploader(store, self.objects, cfg.tier_scan_interval_s, cfg.tier_retry_max_s, self._idle)
+        self.reader = TierReader(store, self.objects, self.uploader, cfg.tier_read_cache_bytes, cfg.tier_read_block_bytes)
+        # Cold reads wait on the network: never on the event loop, nor on the threads hot reads use.
+        self._read_pool = ThreadPoolExecutor(cfg.tier_read_threads, thread_name_prefix="unimq-tier-read")
 
     def start(self) -> None:
         """Start the upload worker (no network call here: the worker makes them)."""
@@ -38,10 +45,25 @@ class TierService:
 
     def stop(self) -> None:
         self.uploader.stop()
+        self._read_pool.shutdown(wait=True, cancel_futures=True)
 
     def may_delete(self, segment: MappedFile) -> bool:
         """Local retention's question: is ``segment`` confirmed in the tier?"""
         return self.uploader.confirmed(segment.base)
+
+    async def get_async(
+        self, topic: str, queue_id: int, offset: int, max_count: int, msg_filter: "MessageFilter | None" = None
+    ) -> GetResult | None:
+        """A get below the local minimum, served from the tier on its read workers
+        (see :meth:`TierReader.get`: None when the tier holds nothing for it)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._read_pool, self.reader.get, topic, queue_id, offset, max_count, msg_filter)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's oldest readable offset, in the tier or local (no network call)."""
+        local = self.store.min_offset(topic, queue_id)
+        tier = self.reader.min_offset(topic, queue_id)
+        return local if tier is None else min(tier, local)
 
     def backlog(self) -> tuple[int, int]:
         """(segments, bytes) waiting for upload: the metric of a slow or absent object store."""

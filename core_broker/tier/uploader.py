@@ -54,6 +54,7 @@ class Uploader:
         # Segment base -> manifest of every segment in the tier: the confirmed uploads (and,
         # for the reader, where each queue's offsets are).
         self.in_tier: dict[int, layout.Manifest] = {}
+        self.version = 0  # grows whenever in_tier changes (readers cache what they derive from it)
         # Segments tier retention removed: still confirmed (never uploaded again), no longer readable.
         self.expired: set[int] = set()
         self.listed = False  # the tier's manifests were read since start
@@ -100,6 +101,7 @@ class Uploader:
         with self._lock:
             self.in_tier.pop(base, None)
             self.expired.add(base)
+            self.version += 1
 
     def sealed(self) -> list[MappedFile]:
         """Segments the writer is done with and a checkpoint covers, not confirmed yet."""
@@ -165,6 +167,7 @@ class Uploader:
         with self._lock:
             for b, m in found.items():
                 self.in_tier.setdefault(b, m)
+            self.version += 1
         self.listed = True
 
     def upload(self, mf: MappedFile) -> layout.Manifest:
@@ -185,6 +188,7 @@ class Uploader:
         self.objects.put_small(layout.manifest_key(sid, mf.base), manifest.encode())
         with self._lock:
             self.in_tier[mf.base] = manifest
+            self.version += 1
         self.uploaded += 1
         log.info("uploaded commitlog segment %d to the tier (%d bytes in %.2fs)", mf.base, ix.size, time.monotonic() - t0)
         return manifest

@@ -1,0 +1,187 @@
+"""Cold reads: messages whose segment left the local disk, read back from the tier.
+
+Why here and how: once retention deleted a segment locally, the manifests the
+uploader keeps say which tier segment holds which offsets of every queue; the
+queue's entries are one ranged read of the segment's index object (the manifest
+gives their position) and the records one ranged read of the segment object,
+both through a bounded block cache (``block_cache``), so a sequential reader
+pays one GET per block, not per message. Records are decoded with the store's
+own decoder (``record.decode``, CRC checked), so what a reader gets is what a
+local read would have given: same bytes, same message id, a link resolved to
+its origin (local or in the tier). Everything here blocks on the network: the
+broker calls it on the tier's read workers (``TierService.get_async``), never
+on the event loop.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING
+
+from .. import record
+from ..errors import CorruptRecordError
+from ..model import GetResult, GetStatus, StoredMessage
+from . import layout
+from .block_cache import BlockCache
+from .object_store import ObjectStore
+from .segment_index import ENTRY
+from .uploader import Uploader
+
+if TYPE_CHECKING:
+    from ..message_store import MessageFilter, MessageStore
+
+Range = tuple[int, int, int, layout.Manifest]  # first offset, end offset, entries' position, manifest
+MAX_SCAN = 4096  # entries one filtered get may skip before answering (as the store's get)
+
+
+class TierReader:
+    def __init__(
+        self, store: "MessageStore", objects: ObjectStore, uploader: Uploader, cache_bytes: int, block_size: int
+    ) -> None:
+        self.store = store
+        self.objects = objects
+        self.uploader = uploader
+        self.cache = BlockCache(cache_bytes)
+        self.block_size = block_size
+        self.gets = 0  # ranged GETs made (tests, and a metric of cold-read traffic)
+        # (uploader version, ranges by queue, segment bases, manifests): replaced whole, so the
+        # read workers never see parts of two versions
+        self._maps: tuple[int, dict[tuple[str, int], list[Range]], list[int], list[layout.Manifest]] = (-1, {}, [], [])
+
+    # ------------------------------------------------------------------ where things are
+
+    def _current(self) -> tuple[int, dict[tuple[str, int], list[Range]], list[int], list[layout.Manifest]]:
+        maps = self._maps
+        version = self.uploader.version
+        if version != maps[0]:  # rebuilt when the tier changed, not per get
+            by_queue: dict[tuple[str, int], list[Range]] = {}
+            manifests = self.uploader.manifests()
+            for m in manifests:
+                for t, q, first, end, pos in m.queues:
+                    by_queue.setdefault((t, q), []).append((first, end, pos, m))
+            for r in by_queue.values():
+                r.sort(key=lambda x: x[0])
+            maps = self._maps = (version, by_queue, [m.base for m in manifests], manifests)
+        return maps
+
+    def _ranges(self, topic: str, queue_id: int) -> list[Range]:
+        """(first, end, entries' position, manifest) of every tier segment with entries of the queue."""
+        return self._current()[1].get((topic, queue_id), [])
+
+    def min_offset(self, topic: str, queue_id: int) -> int | None:
+        """The queue's oldest offset in the tier, or None when the tier holds none of it."""
+        r = self._ranges(topic, queue_id)
+        return r[0][0] if r else None
+
+    # ------------------------------------------------------------------ bytes
+
+    def _read(self, kind: str, m: layout.Manifest, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a segment's ``kind`` object ("segment" or "index")."""
+        sid = self.store.store_id
+        name = layout.segment_key(sid, m.base) if kind == "segment" else layout.index_key(sid, m.base)
+        limit = m.size if kind == "segment" else m.index_length
+        end = min(end, limit)
+        if end <= start:
+            return b""
+        bs = self.block_size
+        parts = []
+        for b in range(start // bs, (end - 1) // bs + 1):
+            lo = b * bs
+
+            def fetch(lo: int = lo) -> bytes:
+                self.gets += 1
+                return self.objects.get_range(name, lo, min(lo + bs, limit))
+
+            block = self.cache.get((m.base, kind, b), fetch)
+            parts.append(block[max(start - lo, 0) : end - lo])
+        return b"".join(parts)
+
+    def _manifest_at(self, phys: int) -> layout.Manifest | None:
+        _, _, bases, ms = self._current()
+        i = bisect.bisect_right(bases, phys) - 1
+        if i >= 0 and ms[i].base <= phys < ms[i].base + ms[i].length:
+            return ms[i]
+        return None
+
+    def _record(self, phys: int) -> bytes:
+        m = self._manifest_at(phys)
+        if m is None:
+            raise CorruptRecordError(f"no record at commitlog offset {phys} in the tier")
+        off = phys - m.base
+        size = int.from_bytes(self._read("segment", m, off, off + 4), "little")
+        if size < 12 or off + size > m.length:
+            raise CorruptRecordError(f"no record at commitlog offset {phys} in the tier")
+        return self._read("segment", m, off, off + size)
+
+    def read_phys(self, phys: int) -> StoredMessage:
+        """The message at a commitlog offset, wherever it is now; a link resolves to its origin."""
+        if phys >= self.store.commitlog.min_offset:
+            try:
+                return self.store.read_phys(phys)
+            except (CorruptRecordError, ValueError):
+                pass  # retention removed it under our feet: it is in the tier now
+        buf = self._record(phys)
+        m = record.decode(buf, 0)
+        if m.flags & record.FLAG_LINK:
+            lo, _ = record.link_origin(buf, 0)
+            origin = self.read_phys(lo)
+            if m.properties:
+                origin.properties.update(m.properties)
+            origin.reconsume_times = m.reconsume_times
+            origin.store_timestamp_ms = m.store_timestamp_ms
+            origin.flags |= record.FLAG_LINK
+            return origin
+        if not m.message_id:
+            m.message_id = self.store.appender.message_id(phys)
+        return m
+
+    # ------------------------------------------------------------------ get
+
+    def get(
+        self, topic: str, queue_id: int, offset: int, max_count: int, msg_filter: MessageFilter | None = None
+    ) -> GetResult | None:
+        """What ``MessageStore.get`` would answer for an offset below the local queue's minimum.
+
+        None when the tier holds nothing of the queue at or below ``offset`` (the local
+        answer stands). An offset older than the tier's oldest answers OFFSET_MOVED with
+        the tier's minimum. Answers stop at the local queue's minimum: the next get is local.
+        """
+        ranges = self._ranges(topic, queue_id)
+        if not ranges:
+            return None
+        tier_min = ranges[0][0]
+        local_min = self.store.min_offset(topic, queue_id)
+        hi = self.store.max_offset(topic, queue_id)
+        if offset < tier_min:
+            return GetResult(GetStatus.OFFSET_MOVED, [], tier_min, tier_min, hi)
+        want_all = msg_filter is None or msg_filter.matches_all
+        hashes = None if want_all else msg_filter.tag_hashes  # type: ignore[union-attr]
+        budget = max_count if want_all else max(MAX_SCAN, max_count)
+        out: list[StoredMessage] = []
+        next_off = offset
+        for first, end, pos, m in ranges:
+            end = min(end, local_min)  # from the local minimum on, the local queue answers
+            if next_off >= end:
+                continue
+            if next_off < first:
+                break  # a gap (a segment expired from the tier): the caller asks again from here
+            n = min(end - next_off, budget)
+            at = pos + (next_off - first) * ENTRY.size
+            for qo, phys, _size, th in ENTRY.iter_unpack(self._read("index", m, at, at + n * ENTRY.size)):
+                next_off = qo + 1
+                budget -= 1
+                if hashes is not None and th not in hashes:
+                    continue
+                msg = self.read_phys(phys)
+                if not want_all and not msg_filter.matches(msg.tag, msg.properties):  # type: ignore[union-attr]
+                    continue
+                msg.topic, msg.queue_id, msg.queue_offset = topic, queue_id, qo
+                out.append(msg)
+                if len(out) >= max_count:
+                    break
+            if len(out) >= max_count or budget <= 0:
+                break
+        if next_off == offset:
+            return None
+        status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, out, next_off, tier_min, hi)
