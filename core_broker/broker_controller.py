@@ -673,15 +673,20 @@ class BrokerController:
         return [(g, t, n) for (g, t), n in sorted(lag.items())]
 
     def store_stats(self) -> dict:
-        """Bytes held by the commitlog and the flush thread's fdatasync timings."""
+        """Bytes held by the commitlog, the flush thread's fdatasync timings, the tier's backlog."""
         cl = self.store.commitlog
         flush = getattr(self.store, "_flush", None)
-        return {
+        stats = {
             "commitlog_bytes": max(cl.write_pos - cl.min_offset, 0),
             "flush_buckets": tuple(getattr(flush, "SYNC_BUCKETS_S", ())),
             "flush_counts": list(getattr(flush, "sync_counts", ())),
             "flush_seconds_sum": float(getattr(flush, "sync_seconds", 0.0)),
         }
+        if self.tier is not None:  # the upload backlog: what a slow or absent object store leaves waiting
+            segments, nbytes = self.tier.backlog()
+            stats.update(tier_backlog_segments=segments, tier_backlog_bytes=nbytes,
+                         tier_uploaded_segments=len(self.tier.uploader.in_tier))
+        return stats
 
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 32):
         out = self.store.query_by_key(topic, key, begin_ms, end_ms, max_count)

@@ -195,6 +195,9 @@ def test_the_broker_runs_the_tier_when_it_is_on(tmp_path: Path, s3: S3Server) ->
         await asyncio.to_thread(fill, bc.store, 200)
         await asyncio.to_thread(wait_for, lambda: tier.backlog() == (0, 0))
         sealed = [mf.base for mf in bc.store.commitlog.files.files[:-1]]
+        stats = bc.store_stats()  # what the metrics read
+        assert (stats["tier_backlog_segments"], stats["tier_backlog_bytes"]) == (0, 0)
+        assert stats["tier_uploaded_segments"] == len(sealed)
         await bc.stop()
         assert bc.store.tier is None and tier.uploader._thread is None
         assert sorted(manifests(s3, bucket, bc.store.store_id)) == sealed

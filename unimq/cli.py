@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import cluster_up  # `unimq cluster up`: a replicated cluster of processes on this machine
 
     cluster_up.add_parser(cluster_cli.add_parser(sub))
+    from . import tier_cli  # `unimq tier status`: reads the bucket and the data directory
+
+    tier_cli.add_parser(sub)
     return parser
 
 
@@ -151,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nameserver import cluster_cli
 
         return cluster_cli.run(args)
+    if args.command == "tier":
+        from . import tier_cli
+
+        return tier_cli.run(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
 
 
