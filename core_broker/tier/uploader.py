@@ -177,7 +177,7 @@ class Uploader:
         ix = scan_segment(mf.path, mf.base)
         with open(mf.path, "rb") as fh:
             self.objects.put_complete(
-                layout.segment_key(sid, mf.base), fh, layout.tmp_dir(sid), self.between_upload_and_commit
+                layout.segment_key(sid, mf.base), fh, ix.size, layout.tmp_dir(sid), self.between_upload_and_commit
             )
         index, where = ix.encode()
         self.objects.put_small(layout.index_key(sid, mf.base), index)
