@@ -1,19 +1,21 @@
-"""A bounded, thread-safe LRU of fixed-size blocks of tier objects.
+"""A bounded, thread-safe LRU of fixed-size blocks of tier objects, with read-ahead.
 
 Why blocks: a pull reads the records of one queue, which lie in order but
 interleaved with other queues' records; one ranged GET of a block (1 MiB by
 default) serves the next thousand 1 KiB records instead of one GET each. Why
 bounded: cold reads of months of data must not grow memory, and must not evict
 anything of the hot path either (the page cache holds the local log; this holds
-only tier bytes). Several read workers may ask for the same block: the cache
-is a dict under a lock; two workers missing the same block both fetch it (the
-second store is harmless), which is simpler than per-block futures.
+only tier bytes). Why read-ahead: a sequential reader otherwise waits for each
+block's GET in turn, and a GET costs about what decoding its records does;
+fetching the next blocks while the current ones are decoded hides most of it.
+A block being fetched is fetched once: whoever else wants it waits for it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from concurrent.futures import Executor, Future
 from typing import Callable, Hashable
 
 
@@ -24,29 +26,61 @@ class BlockCache:
         self.hits = 0
         self.misses = 0
         self._blocks: OrderedDict[Hashable, bytes] = OrderedDict()
+        self._pending: dict[Hashable, Future[bytes]] = {}
         self._lock = threading.Lock()
 
     def get(self, key: Hashable, fetch: Callable[[], bytes]) -> bytes:
-        """The block ``key``, from the cache or from ``fetch()`` (called without the lock)."""
+        """The block ``key``: cached, being fetched (then waited for), or fetched now by ``fetch()``."""
         with self._lock:
             data = self._blocks.get(key)
             if data is not None:
                 self._blocks.move_to_end(key)
                 self.hits += 1
                 return data
-            self.misses += 1
-        data = fetch()
+            fut = self._pending.get(key)
+            mine = fut is None
+            if mine:
+                self.misses += 1
+                fut = self._pending[key] = Future()
+        if mine:
+            self._fill(key, fetch, fut)  # type: ignore[arg-type]
+        return fut.result()  # type: ignore[union-attr]
+
+    def prefetch(self, key: Hashable, fetch: Callable[[], bytes], executor: Executor) -> None:
+        """Fetch ``key`` on ``executor`` unless it is cached or on its way already."""
         with self._lock:
+            if key in self._blocks or key in self._pending:
+                return
+            fut: Future[bytes] = Future()
+            self._pending[key] = fut
+        try:
+            job = executor.submit(self._fill, key, fetch, fut)
+        except RuntimeError:  # the executor is shut down: no read-ahead any more
+            self._abandon(key, fut)
+            return
+        # cancelled before it ran (the executor shut down): nobody may wait for it for ever
+        job.add_done_callback(lambda j: self._abandon(key, fut) if j.cancelled() else None)
+
+    def _abandon(self, key: Hashable, fut: Future[bytes]) -> None:
+        with self._lock:
+            if self._pending.get(key) is fut:
+                del self._pending[key]
+        fut.cancel()
+
+    def _fill(self, key: Hashable, fetch: Callable[[], bytes], fut: Future[bytes]) -> None:
+        try:
+            data = fetch()
+        except BaseException as e:
+            with self._lock:
+                self._pending.pop(key, None)
+            fut.set_exception(e)
+            return
+        with self._lock:
+            self._pending.pop(key, None)
             if key not in self._blocks and len(data) <= self.capacity:
                 self._blocks[key] = data
                 self.size += len(data)
                 while self.size > self.capacity:
                     _, old = self._blocks.popitem(last=False)
                     self.size -= len(old)
-        return data
-
-    def discard(self, prefix: Hashable) -> None:
-        """Forget every block whose key starts with ``prefix`` (a segment that left the tier)."""
-        with self._lock:
-            for k in [k for k in self._blocks if isinstance(k, tuple) and k[0] == prefix]:
-                self.size -= len(self._blocks.pop(k))
+        fut.set_result(data)

@@ -4,7 +4,7 @@ Keys, under the configured prefix and the store's id (a store id names one
 commitlog, so two brokers sharing a bucket never mix)::
 
     <store_id>/segment/<base>       the sealed segment file, as it is on disk
-    <store_id>/index/<base>         its queue entries and keys (``segment_index``)
+    <store_id>/index/<base>         the queue entries pointing into it (``segment_index``)
     <store_id>/manifest/<base>      JSON, written last: the segment is in the tier
     <store_id>/tmp/...              uploads in progress; swept at start
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 import uuid
 from typing import IO, Callable, Iterator
 
+from ..errors import ConfigurationError
+
 
 _COPY_OBJECT_MAX = 5 << 30  # the largest object one CopyObject may copy
+_ONE_PUT_MAX = 64 << 20  # larger objects go up in parts (boto3's managed transfer)
 
 
 class ObjectStore:
@@ -33,9 +36,12 @@ class ObjectStore:
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 30.0,
     ) -> None:
-        import boto3
-        from botocore.config import Config
-        from botocore.exceptions import BotoCoreError, ClientError
+        try:
+            import boto3
+            from botocore.config import Config
+            from botocore.exceptions import BotoCoreError, ClientError
+        except ImportError:
+            raise ConfigurationError("tier_enabled needs boto3: pip install 'unimq[tier]'") from None
 
         # What a call raises when the store is down, slow or refuses: the uploader retries these.
         self.errors: tuple[type[BaseException], ...] = (BotoCoreError, ClientError, OSError)
@@ -71,7 +77,10 @@ class ObjectStore:
         (rclone's ``serve s3``) answer without the part's ETag, failing every large copy.
         """
         tmp = self.key(f"{tmp_dir}/{name.replace('/', '_')}.{uuid.uuid4().hex}")
-        self.client.upload_fileobj(fileobj, self.bucket, tmp)
+        if size <= _ONE_PUT_MAX:  # one PUT streamed from the file: no transfer manager threads
+            self.client.put_object(Bucket=self.bucket, Key=tmp, Body=fileobj, ContentLength=size)
+        else:  # parts, in parallel, each retried on its own
+            self.client.upload_fileobj(fileobj, self.bucket, tmp)
         try:
             if between is not None:
                 between()

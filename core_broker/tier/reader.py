@@ -16,15 +16,16 @@ on the event loop.
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Callable
 
 from .. import record
+from ..consume_queue import ENTRY
 from ..errors import CorruptRecordError
 from ..model import GetResult, GetStatus, StoredMessage
 from . import layout
 from .block_cache import BlockCache
 from .object_store import ObjectStore
-from .segment_index import ENTRY
 from .uploader import Uploader
 
 if TYPE_CHECKING:
@@ -32,17 +33,26 @@ if TYPE_CHECKING:
 
 Range = tuple[int, int, int, layout.Manifest]  # first offset, end offset, entries' position, manifest
 MAX_SCAN = 4096  # entries one filtered get may skip before answering (as the store's get)
+MAX_SPAN = 8 << 20  # the most segment bytes one get reads
+READ_AHEAD = 4  # blocks fetched in the background past what a get read
 
 
 class TierReader:
     def __init__(
-        self, store: "MessageStore", objects: ObjectStore, uploader: Uploader, cache_bytes: int, block_size: int
+        self,
+        store: "MessageStore",
+        objects: ObjectStore,
+        uploader: Uploader,
+        cache_bytes: int,
+        block_size: int,
+        prefetcher: Executor,
     ) -> None:
         self.store = store
         self.objects = objects
         self.uploader = uploader
         self.cache = BlockCache(cache_bytes)
         self.block_size = block_size
+        self.prefetcher = prefetcher  # runs read-ahead GETs
         self.gets = 0  # ranged GETs made (tests, and a metric of cold-read traffic)
         # (uploader version, ranges by queue, segment bases, manifests): replaced whole, so the
         # read workers never see parts of two versions
@@ -75,8 +85,9 @@ class TierReader:
 
     # ------------------------------------------------------------------ bytes
 
-    def _read(self, kind: str, m: layout.Manifest, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of a segment's ``kind`` object ("segment" or "index")."""
+    def _read(self, kind: str, m: layout.Manifest, start: int, end: int, ahead: int = 0) -> bytes:
+        """Bytes ``[start, end)`` of a segment's ``kind`` object ("segment" or "index"); then
+        fetch the ``ahead`` blocks after them in the background (a sequential reader's next)."""
         sid = self.store.store_id
         name = layout.segment_key(sid, m.base) if kind == "segment" else layout.index_key(sid, m.base)
         limit = m.size if kind == "segment" else m.index_length
@@ -84,17 +95,22 @@ class TierReader:
         if end <= start:
             return b""
         bs = self.block_size
-        parts = []
-        for b in range(start // bs, (end - 1) // bs + 1):
-            lo = b * bs
 
-            def fetch(lo: int = lo) -> bytes:
+        def fetch(b: int) -> Callable[[], bytes]:
+            def run() -> bytes:
                 self.gets += 1
-                return self.objects.get_range(name, lo, min(lo + bs, limit))
+                return self.objects.get_range(name, b * bs, min(b * bs + bs, limit))
 
-            block = self.cache.get((m.base, kind, b), fetch)
-            parts.append(block[max(start - lo, 0) : end - lo])
-        return b"".join(parts)
+            return run
+
+        last = (end - 1) // bs
+        for b in range(last + 1, min(last + 1 + ahead, (limit - 1) // bs + 1)):
+            self.cache.prefetch((m.base, kind, b), fetch(b), self.prefetcher)
+        parts = []
+        for b in range(start // bs, last + 1):
+            block = self.cache.get((m.base, kind, b), fetch(b))
+            parts.append(block[max(start - b * bs, 0) : end - b * bs])
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _manifest_at(self, phys: int) -> layout.Manifest | None:
         _, _, bases, ms = self._current()
@@ -120,10 +136,13 @@ class TierReader:
                 return self.store.read_phys(phys)
             except (CorruptRecordError, ValueError):
                 pass  # retention removed it under our feet: it is in the tier now
-        buf = self._record(phys)
-        m = record.decode(buf, 0)
+        return self._decode(self._record(phys), 0, phys)
+
+    def _decode(self, buf: bytes, pos: int, phys: int) -> StoredMessage:
+        """The record at ``pos`` of ``buf`` (commitlog offset ``phys``), as the store's read gives it."""
+        m = record.decode(buf, pos)
         if m.flags & record.FLAG_LINK:
-            lo, _ = record.link_origin(buf, 0)
+            lo, _ = record.link_origin(buf, pos)
             origin = self.read_phys(lo)
             if m.properties:
                 origin.properties.update(m.properties)
@@ -167,12 +186,24 @@ class TierReader:
                 break  # a gap (a segment expired from the tier): the caller asks again from here
             n = min(end - next_off, budget)
             at = pos + (next_off - first) * ENTRY.size
-            for qo, phys, _size, th in ENTRY.iter_unpack(self._read("index", m, at, at + n * ENTRY.size)):
+            raw = self._read("index", m, at, at + n * ENTRY.size)
+            entries = [(next_off + i, *e) for i, e in enumerate(ENTRY.iter_unpack(raw))]
+            if not entries:
+                break
+            # the records of these entries lie in this segment, in order: one read for all of them,
+            # at most MAX_SPAN bytes (a sparse queue's entries may be far apart)
+            span_start = entries[0][1]
+            limit = span_start + max(MAX_SPAN, entries[0][2])
+            entries = entries[: max(1, bisect.bisect_right([p + z for _, p, z, _ in entries], limit))]
+            span = self._read(
+                "segment", m, span_start - m.base, entries[-1][1] + entries[-1][2] - m.base, READ_AHEAD
+            )
+            for qo, phys, _size, th in entries:
                 next_off = qo + 1
                 budget -= 1
                 if hashes is not None and th not in hashes:
                     continue
-                msg = self.read_phys(phys)
+                msg = self._decode(span, phys - span_start, phys)
                 if not want_all and not msg_filter.matches(msg.tag, msg.properties):  # type: ignore[union-attr]
                     continue
                 msg.topic, msg.queue_id, msg.queue_offset = topic, queue_id, qo

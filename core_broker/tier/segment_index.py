@@ -1,19 +1,22 @@
-"""The queue entries and keys of one sealed segment, built from its records alone.
+"""The consume-queue entries that point into one sealed segment, copied from the local queues.
 
-Why per segment and from the records: once a segment leaves the local disk, the
-local consume queues and index files that point into it go too (retention drops
-them with it), so the tier needs what finds a message in that segment beside the
-segment itself. Every record names its queue offsets (and its extra dispatch
-targets), so one scan of the segment rebuilds exactly the consume-queue entries
-and index keys that point into it, the way crash recovery does; no local queue
-file has to be read or kept in step.
+Why per segment: once local retention deletes a segment, the local consume-queue
+entries that point into it go too, so the tier needs what finds a message in that
+segment beside the segment itself. Why copied rather than rebuilt from the
+records: rebuilding means parsing every record header in Python on the upload
+thread, which for 1 KiB messages costs about as much GIL time as writing them,
+and slowed concurrent puts by a third (bench/RESULTS.md, tier); the entries of
+one queue that point into one segment are one run of consecutive offsets in the
+local queue (entries are appended in log order), found by binary search and
+copied as they are. The uploader takes a segment only once a checkpoint covers
+it, so its entries are complete; retention cannot drop them meanwhile (it waits
+for the upload).
 
-Encoding (little-endian): ``u32`` queue count, then per queue ``u16`` topic
-length, topic (UTF-8), ``i32`` queue id, ``u32`` entry count and that many
-``(i64 queue offset, i64 commitlog offset, i32 size, i64 tag hash)``; then
-``u32`` key count and per key ``u16`` length, key (UTF-8: ``topic#key`` or
-``#id#message-id`` as the local index), ``i64`` commitlog offset, ``i64`` store
-timestamp.
+The index object is the concatenation, queue after queue (sorted by topic and
+queue id), of those runs in the local format (``consume_queue.ENTRY``, 20 bytes:
+commitlog offset, size, tag hash); the manifest names per queue the first and
+end offsets and where the run starts in the object. Keys and client message ids
+(the local IndexFile) are not copied yet.
 """
 
 from __future__ import annotations
@@ -21,125 +24,100 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-import struct
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import record
-from ..appender import tag_hash
+from ..consume_queue import ENTRY, ConsumeQueue
+from ..mapped_file import MappedFile
 
-ENTRY = struct.Struct("<qqiq")  # queue offset, commitlog offset, size, tag hash (28 bytes)
-_KEY = struct.Struct("<qq")  # commitlog offset, store timestamp
-_U32 = struct.Struct("<I")
-_U16 = struct.Struct("<H")
-_I32 = struct.Struct("<i")
-
-Entry = tuple[int, int, int, int]  # queue offset, commitlog offset, size, tag hash
+if TYPE_CHECKING:
+    from ..message_store import MessageStore
 
 
 @dataclass
 class SegmentIndex:
-    """What one scan of a sealed segment found."""
+    """What the tier needs of one sealed segment besides its bytes."""
 
     length: int = 0  # bytes from the segment's start to the end of its last record
     size: int = 0  # the segment file's size (what is uploaded: records, filler and zero tail)
     sha256: str = ""  # of the whole file
-    first_ts: int = 0
+    first_ts: int = 0  # store timestamps (ms) of its first and last records
     last_ts: int = 0
-    queues: dict[tuple[str, int], list[Entry]] = field(default_factory=dict)
-    keys: list[tuple[str, int, int]] = field(default_factory=list)
-
-    def encode(self) -> tuple[bytes, dict[tuple[str, int], int]]:
-        """The index object, and where each queue's first entry starts in it (the manifest
-        records it, so a reader fetches a queue's entries with one ranged GET)."""
-        out = [_U32.pack(len(self.queues))]
-        pos = _U32.size
-        where: dict[tuple[str, int], int] = {}
-        for (topic, qid), entries in sorted(self.queues.items()):
-            tb = topic.encode()
-            out += [_U16.pack(len(tb)), tb, _I32.pack(qid), _U32.pack(len(entries))]
-            pos += 2 + len(tb) + 8
-            where[(topic, qid)] = pos
-            out += [ENTRY.pack(*e) for e in entries]
-            pos += len(entries) * ENTRY.size
-        out.append(_U32.pack(len(self.keys)))
-        for key, phys, ts in self.keys:
-            kb = key.encode()
-            out += [_U16.pack(len(kb)), kb, _KEY.pack(phys, ts)]
-        return b"".join(out), where
-
-    def queue_ranges(self, where: dict[tuple[str, int], int]) -> list[list]:
-        """``[topic, queue id, first offset, end offset, entries' position in the index]`` per
-        queue; a queue's entries in one segment have consecutive offsets."""
-        return [[t, q, e[0][0], e[-1][0] + 1, where[(t, q)]] for (t, q), e in sorted(self.queues.items()) if e]
-
-    @classmethod
-    def decode(cls, data: bytes) -> "SegmentIndex":
-        ix = cls()
-        p = 0
-        (nq,) = _U32.unpack_from(data, p)
-        p += 4
-        for _ in range(nq):
-            (tl,) = _U16.unpack_from(data, p)
-            topic = data[p + 2 : p + 2 + tl].decode()
-            p += 2 + tl
-            (qid,) = _I32.unpack_from(data, p)
-            (n,) = _U32.unpack_from(data, p + 4)
-            p += 8
-            ix.queues[(topic, qid)] = [ENTRY.unpack_from(data, p + i * ENTRY.size) for i in range(n)]
-            p += n * ENTRY.size
-        (nk,) = _U32.unpack_from(data, p)
-        p += 4
-        for _ in range(nk):
-            (kl,) = _U16.unpack_from(data, p)
-            key = data[p + 2 : p + 2 + kl].decode()
-            p += 2 + kl
-            phys, ts = _KEY.unpack_from(data, p)
-            p += _KEY.size
-            ix.keys.append((key, phys, ts))
-        return ix
+    queues: list[list] = field(default_factory=list)  # [topic, queue id, first, end, position in data]
+    data: bytes = b""  # the index object
 
 
-def scan_segment(path: Path, base: int) -> SegmentIndex:
-    """Read a sealed segment file once: its records' queue entries and keys, length, digest.
+def _first_at_or_after(cq: ConsumeQueue, phys: int) -> int:
+    """The first queue offset whose entry points at or past commitlog offset ``phys``."""
+    lo, hi = cq.min_offset, cq.max_offset
+    while lo < hi:
+        mid = (lo + hi) // 2
+        e = cq.entry(mid)
+        if e is not None and e[0] < phys:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
-    The whole file is what the tier stores (its tail after the last record is one
-    BLANK filler, at most a message's size, and zeros): it can then go up straight
-    from the file, and a ranged GET at a record's segment position needs no mapping.
 
-    The file is mapped read-only by this call (not the store's mapping), on the uploader's
-    thread; a sealed segment's bytes never change.
-    """
+def _raw_entries(cq: ConsumeQueue, lo: int, hi: int) -> bytes:
+    """The entries of offsets ``[lo, hi)`` as stored (they may span queue files)."""
+    out = []
+    off = lo
+    while off < hi:
+        f = cq.files.find(off * ENTRY.size)
+        if f is None:
+            raise ValueError(f"queue {cq.topic}/{cq.queue_id}: no file holds offset {off}")
+        start = off * ENTRY.size - f.base
+        stop = min(hi * ENTRY.size - f.base, f.size)
+        out.append(bytes(f.mm[start:stop]))
+        off = (f.base + stop) // ENTRY.size
+    return b"".join(out)
+
+
+def build_index(store: "MessageStore", mf: MappedFile) -> SegmentIndex:
+    """The entries of every local queue that point into the sealed segment ``mf``, its record
+    span and timestamps, and its digest (read on the calling thread: the uploader's)."""
     ix = SegmentIndex()
-    fd = os.open(path, os.O_RDONLY)
+    parts: list[bytes] = []
+    pos = 0
+    last = mf.base  # commitlog offset of the last record a queue names
+    for (topic, qid), cq in sorted(list(store._cqs.items())):  # a snapshot: queues come and go
+        try:
+            lo = _first_at_or_after(cq, mf.base)
+            hi = _first_at_or_after(cq, mf.end)
+            if hi <= lo:
+                continue
+            raw = _raw_entries(cq, lo, hi)
+        except ValueError:  # the queue was deleted (its topic dropped) meanwhile
+            continue
+        last = max(last, ENTRY.unpack_from(raw, len(raw) - ENTRY.size)[0])
+        ix.queues.append([topic, qid, lo, hi, pos])
+        parts.append(raw)
+        pos += len(raw)
+    ix.data = b"".join(parts)
+    fd = os.open(mf.path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        ix.size = os.fstat(fd).st_size
+        mm = mmap.mmap(fd, ix.size, mmap.MAP_SHARED, mmap.PROT_READ)
     finally:
         os.close(fd)
     try:
-        pos = 0
+        # from the last record a queue names to the segment's end (records of no queue, a
+        # deleted topic's, may follow it): the record span and the newest timestamp
+        p = last - mf.base
         while True:
-            kind, n = record.check(mm, pos, size)
+            kind, n = record.check(mm, p, ix.size)
             if kind != 1:
-                break  # a BLANK filler, the zero tail or the segment's end
-            h = record.parse_header(mm, pos)
-            th = tag_hash(h.tag)
-            _add(ix.queues, h.topic, h.queue_id, (h.queue_offset, base + pos, h.size, th))
-            for topic, qid, qo in h.dispatch:
-                _add(ix.queues, topic, qid, (qo, base + pos, h.size, th))
-            if h.origin_offset < 0:
-                ix.keys += [(f"{h.topic}#{k}", base + pos, h.store_ts) for k in h.keys]
-                if h.message_id:
-                    ix.keys.append(("#id#" + h.message_id, base + pos, h.store_ts))
-            if not ix.first_ts:
-                ix.first_ts = h.store_ts
-            ix.last_ts = h.store_ts
-            pos += n
-        ix.length = pos
-        ix.size = size
+                break
+            ix.last_ts = record.parse_header(mm, p).store_ts
+            p += n
+        ix.length = p
+        if p:
+            ix.first_ts = record.parse_header(mm, 0).store_ts
         with memoryview(mm) as mv:
-            ix.sha256 = hashlib.sha256(mv).hexdigest()
+            ix.sha256 = hashlib.sha256(mv).hexdigest()  # releases the GIL
     finally:
         try:
             mm.close()
@@ -147,15 +125,3 @@ def scan_segment(path: Path, base: int) -> SegmentIndex:
             pass
     return ix
 
-
-def _add(queues: dict[tuple[str, int], list[Entry]], topic: str, qid: int, entry: Entry) -> None:
-    """Append a queue entry, keeping each queue's entries one run of consecutive offsets.
-
-    Offsets go back only when a topic was deleted and created again while this segment
-    was written (its queue restarts at 0): the local queue then holds the new run alone,
-    and so does the tier.
-    """
-    entries = queues.setdefault((topic, qid), [])
-    if entries and entry[0] != entries[-1][0] + 1:
-        entries.clear()
-    entries.append(entry)

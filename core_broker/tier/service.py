@@ -35,9 +35,13 @@ class TierService:
         self.expiry_interval_s = cfg.tier_expiry_interval_s
         self._last_expiry = 0.0
         self.uploader = Uploader(store, self.objects, cfg.tier_scan_interval_s, cfg.tier_retry_max_s, self._idle)
-        self.reader = TierReader(store, self.objects, self.uploader, cfg.tier_read_cache_bytes, cfg.tier_read_block_bytes)
-        # Cold reads wait on the network: never on the event loop, nor on the threads hot reads use.
+        # Cold reads wait on the network: never on the event loop, nor on the threads hot reads use;
+        # their read-ahead GETs run on threads of their own.
         self._read_pool = ThreadPoolExecutor(cfg.tier_read_threads, thread_name_prefix="unimq-tier-read")
+        self._prefetch_pool = ThreadPoolExecutor(cfg.tier_read_threads, thread_name_prefix="unimq-tier-read-ahead")
+        self.reader = TierReader(
+            store, self.objects, self.uploader, cfg.tier_read_cache_bytes, cfg.tier_read_block_bytes, self._prefetch_pool
+        )
 
     def start(self) -> None:
         """Start the upload worker (no network call here: the worker makes them)."""
@@ -46,6 +50,7 @@ class TierService:
     def stop(self) -> None:
         self.uploader.stop()
         self._read_pool.shutdown(wait=True, cancel_futures=True)
+        self._prefetch_pool.shutdown(wait=True, cancel_futures=True)
 
     def may_delete(self, segment: MappedFile) -> bool:
         """Local retention's question: is ``segment`` confirmed in the tier?"""

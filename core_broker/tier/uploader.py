@@ -24,7 +24,7 @@ from ..json_file import read_json
 from ..mapped_file import MappedFile
 from . import layout
 from .object_store import ObjectStore
-from .segment_index import scan_segment
+from .segment_index import build_index
 
 if TYPE_CHECKING:
     from ..message_store import MessageStore
@@ -174,16 +174,15 @@ class Uploader:
         """Segment, then index, then manifest: the manifest's arrival confirms the upload."""
         sid = self.store.store_id
         t0 = time.monotonic()
-        ix = scan_segment(mf.path, mf.base)
+        ix = build_index(self.store, mf)
         with open(mf.path, "rb") as fh:
             self.objects.put_complete(
                 layout.segment_key(sid, mf.base), fh, ix.size, layout.tmp_dir(sid), self.between_upload_and_commit
             )
-        index, where = ix.encode()
-        self.objects.put_small(layout.index_key(sid, mf.base), index)
+        self.objects.put_small(layout.index_key(sid, mf.base), ix.data)
         manifest = layout.Manifest(
-            base=mf.base, length=ix.length, size=ix.size, sha256=ix.sha256, index_length=len(index),
-            first_ts=ix.first_ts, last_ts=ix.last_ts, queues=ix.queue_ranges(where),
+            base=mf.base, length=ix.length, size=ix.size, sha256=ix.sha256, index_length=len(ix.data),
+            first_ts=ix.first_ts, last_ts=ix.last_ts, queues=ix.queues,
         )
         self.objects.put_small(layout.manifest_key(sid, mf.base), manifest.encode())
         with self._lock:
