@@ -47,6 +47,7 @@ SECTIONS: dict[str, str] = {
     "spark": "bench.spark_bench",
     "http": "bench.http_bench",
     "replication": "bench.replication_bench",
+    "tier": "bench.tier_bench",
 }
 
 PEER_TIMED = """\
