@@ -103,7 +103,7 @@ class ObjectStore:
         r = self.client.get_object(Bucket=self.bucket, Key=self.key(name), Range=f"bytes={start}-{end - 1}")
         return r["Body"].read()
 
-    def list(self, under: str) -> Iterator[str]:
+    def names(self, under: str) -> Iterator[str]:
         """Names (without the prefix) of every object under ``under``."""
         strip = len(self.key(""))
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.key(under))

@@ -52,7 +52,7 @@ def tier_report(cfg: StoreConfig, objects: ObjectStore | None = None) -> dict[st
     sid = id_path.read_text().strip()
     objects = objects or ObjectStore(cfg.tier_bucket, cfg.tier_prefix, cfg.tier_endpoint, cfg.tier_region)
     manifests = sorted(
-        (layout.Manifest.decode(objects.get(n)) for n in objects.list(layout.manifest_dir(sid)) if layout.base_of(n) is not None),
+        (layout.Manifest.decode(objects.get(n)) for n in objects.names(layout.manifest_dir(sid)) if layout.base_of(n) is not None),
         key=lambda m: m.base,
     )
     uploaded = {m.base for m in manifests}

@@ -156,11 +156,11 @@ class Uploader:
         """
         sid = self.store.store_id
         found = {}
-        for name in self.objects.list(layout.manifest_dir(sid)):
+        for name in self.objects.names(layout.manifest_dir(sid)):
             base = layout.base_of(name)
             if base is not None:
                 found[base] = layout.Manifest.decode(self.objects.get(name))
-        stale = list(self.objects.list(layout.tmp_dir(sid) + "/"))
+        stale = list(self.objects.names(layout.tmp_dir(sid) + "/"))
         if stale:
             self.objects.delete(stale)
             log.info("deleted %d unfinished upload(s) left by an earlier run", len(stale))
