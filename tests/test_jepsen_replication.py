@@ -105,7 +105,8 @@ class Cluster:
             except Exception as e:  # noqa: BLE001 - controller busy, group unknown yet
                 last = e
             time.sleep(0.2)
-        raise AssertionError(f"{what}: {last}")
+        logs = "\n".join(f"--- {b} (exit {p.popen.poll()}):\n{p.tail(60)}" for b, p in self.brokers.items())
+        raise AssertionError(f"{what}: {last}\n{logs}")
 
 
 def _post(url: str, body: bytes, timeout: float = 30.0) -> int:

@@ -275,3 +275,52 @@ def test_an_async_replica_is_never_proposed_in_sync() -> None:
     t = tracker(async_replicas=frozenset({"dr"}), in_sync=frozenset({MASTER, "r1", "dr"}))
     caught_up(t, "r1", "dr")
     assert t.proposal(frozenset({MASTER, "r1", "dr"}), master_end=1000) == {MASTER, "r1"}
+
+
+# --------------------------------------------------------------------------- keeping pace (Kafka's rule)
+
+
+def test_a_replica_that_keeps_pace_with_steady_writes_stays_in_sync() -> None:
+    """Every report finds the master further on (it wrote meanwhile), but the replica holds what
+    the master had when it answered the previous fetch: it keeps pace, long past lag_max_ms."""
+    t = tracker(lag_max_ms=1000, lag_max_bytes=10_000)
+    end = 1000
+    t.report("r1", written=end, flushed=end, master_end=end)
+    t.report("r2", written=end, flushed=end, master_end=end)
+    for _ in range(5):
+        for r in ("r1", "r2"):
+            t.progress[r].caught_up_at -= 2.0  # a long while since the last report
+            t.report(r, written=end, flushed=end, master_end=end + 100)  # 100 bytes came meanwhile
+            assert t.progress[r].lag_bytes == 100
+        end += 100
+    assert t.proposal(frozenset({MASTER, "r1", "r2"}), end) is None  # both stay
+
+
+def test_a_replica_that_falls_behind_the_previous_answer_leaves() -> None:
+    t = tracker(lag_max_ms=1000, lag_max_bytes=10_000)
+    t.report("r1", written=1000, flushed=1000, master_end=1000)
+    t.report("r2", written=1000, flushed=1000, master_end=1000)
+    t.report("r2", written=1000, flushed=1000, master_end=3000)
+    t.report("r2", written=2000, flushed=2000, master_end=5000)  # has not reached 3000
+    t.progress["r2"].caught_up_at -= 2.0
+    t.report("r1", written=1000, flushed=1000, master_end=1000)
+    assert t.proposal(frozenset({MASTER, "r1", "r2"}), 5000) == {MASTER, "r1"}
+
+
+def test_a_replica_rejoins_under_steady_writes_once_it_holds_what_was_acknowledged() -> None:
+    t = tracker(lag_max_ms=1000, lag_max_bytes=10_000, in_sync=frozenset({MASTER, "r1"}))
+
+    async def ack(end: int) -> None:
+        await t.wait(end)
+
+    t.report("r1", written=5000, flushed=5000, master_end=5000)
+    asyncio.run(ack(5000))
+    assert t.acked_high == 5000
+    # r2 keeps pace with the master's answers but does not yet hold what was acknowledged
+    t.report("r2", written=3000, flushed=3000, master_end=4000)
+    t.report("r2", written=4000, flushed=4000, master_end=5100)
+    assert t.proposal(frozenset({MASTER, "r1", "r2"}), 5100) is None
+    # now it holds the acknowledged end (and the previous answer's), though never the master's end
+    t.report("r2", written=5100, flushed=5100, master_end=5200)
+    assert t.progress["r2"].lag_bytes == 100
+    assert t.proposal(frozenset({MASTER, "r1", "r2"}), 5200) == {MASTER, "r1", "r2"}

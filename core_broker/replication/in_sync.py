@@ -13,6 +13,15 @@ The in-sync set itself belongs to the controller (compare-and-set on its epoch);
 this class only proposes changes (:meth:`proposal`): a member silent or behind
 for more than ``lag_max_ms``, or more than ``lag_max_bytes`` behind, leaves; one
 that caught up with the master's log rejoins.
+
+"Caught up" is Kafka's rule, not "holds the master's end right now": a replica
+whose fetch shows it holds everything the master had when it answered the
+previous fetch is keeping pace, even though the master wrote more meanwhile.
+Under steady writes on a loaded machine a report never finds zero bytes of lag,
+and the stricter rule dropped replicas that kept pace and never let them back.
+A replica rejoins once it keeps pace and holds the highest end acknowledged in
+this term (:attr:`InSyncTracker.acked_high`): a member of the in-sync set may
+be elected, so it must hold every acknowledged message.
 """
 
 from __future__ import annotations
@@ -33,9 +42,11 @@ class ReplicaProgress:
     broker_id: str
     written: int = 0
     flushed: int = 0
-    caught_up_at: float = 0.0  # monotonic time it last held everything the master had
+    caught_up_at: float = 0.0  # monotonic time it last held everything the master had when it last answered it
     lag_bytes: int = 0
     reported_at: float = 0.0  # a replica that stops fetching (dead, partitioned) is behind too
+    answered_end: int = -1  # the master's log end when it answered this replica's last fetch
+    previous_end: int = -1  # ... and its fetch before that: what this report must show it holds
 
     def lag_ms(self, now: float) -> int:
         return 0 if self.lag_bytes == 0 else int((now - self.caught_up_at) * 1000)
@@ -58,6 +69,7 @@ class InSyncTracker:
         self._sweeper: asyncio.Task[None] | None = None
         self._seq = itertools.count()
         self.writable = True  # False while not master: check_writable refuses
+        self.acked_high = 0  # the highest end acknowledged in this term (with replicas counted)
 
     # -- what replicas report
     def report(self, broker_id: str, written: int, flushed: int, master_end: int) -> None:
@@ -65,10 +77,11 @@ class InSyncTracker:
         if p is None:
             p = self.progress[broker_id] = ReplicaProgress(broker_id, caught_up_at=time.monotonic())
         p.written, p.flushed = written, flushed
-        p.reported_at = time.monotonic()
+        now = p.reported_at = time.monotonic()
         p.lag_bytes = max(0, master_end - written)
-        if p.lag_bytes == 0:
-            p.caught_up_at = time.monotonic()
+        p.previous_end, p.answered_end = p.answered_end, master_end
+        if p.lag_bytes == 0 or (p.previous_end >= 0 and written >= p.previous_end):
+            p.caught_up_at = now
         self._wake()
 
     def _held(self, p: ReplicaProgress) -> int:
@@ -101,6 +114,8 @@ class InSyncTracker:
 
     async def wait(self, end: int) -> None:
         if self.acked_end() >= end:
+            if self.min_insync > 1 and end > self.acked_high:
+                self.acked_high = end
             return
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
@@ -138,9 +153,11 @@ class InSyncTracker:
             return
         acked = self.acked_end()
         while w and w[0][0] <= acked:
-            fut = heapq.heappop(w)[2]
+            end, _, fut, _ = heapq.heappop(w)
             if not fut.done():
                 fut.set_result(None)
+                if end > self.acked_high:
+                    self.acked_high = end
 
     def fail_waiters(self, exc: BaseException) -> None:
         """The broker stopped being master: nobody waiting will be acknowledged here."""
@@ -155,6 +172,7 @@ class InSyncTracker:
         self.progress = {b: ReplicaProgress(b, caught_up_at=now, reported_at=now) for b in in_sync if b != self.self_id}
         self.in_sync, self.in_sync_epoch = frozenset(in_sync) | {self.self_id}, epoch
         self.writable = True
+        self.acked_high = 0  # what earlier terms acknowledged is below this master's end (see proposal)
 
     # -- the in-sync set
     def set_in_sync(self, in_sync: frozenset[str], epoch: int) -> None:
@@ -181,7 +199,12 @@ class InSyncTracker:
             )
             if b in new and behind:
                 new.discard(b)
-            elif b not in new and not behind and p.lag_bytes == 0 and self._held(p) >= master_end:
+            elif b not in new and not behind and (p.lag_bytes == 0 or p.previous_end >= 0) and (
+                self._held(p) >= max(p.previous_end if p.lag_bytes else master_end, self.acked_high)
+            ):
+                # It held all the master had when answering its previous fetch (which is beyond
+                # everything earlier terms acknowledged: the master was elected holding that)
+                # and everything acknowledged in this term.
                 new.add(b)
         new_set = frozenset(new)
         return None if new_set == self.in_sync else new_set
