@@ -685,7 +685,8 @@ class BrokerController:
         if self.tier is not None:  # the upload backlog: what a slow or absent object store leaves waiting
             segments, nbytes = self.tier.backlog()
             stats.update(tier_backlog_segments=segments, tier_backlog_bytes=nbytes,
-                         tier_uploaded_segments=len(self.tier.uploader.in_tier))
+                         tier_uploaded_segments=len(self.tier.uploader.in_tier),
+                         tier_upload_failures=self.tier.uploader.failed_attempts)
         return stats
 
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 32):

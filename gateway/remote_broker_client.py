@@ -529,10 +529,13 @@ class RemoteBrokerClient:
         return [(g, t, n) for (g, t), n in sorted(lag.items())]
 
     async def store_stats(self) -> dict:
-        """The brokers' commitlog bytes and fdatasync timings, summed."""
+        """The brokers' commitlog bytes, fdatasync timings and tier figures, summed."""
         out: dict[str, Any] = {"commitlog_bytes": 0, "flush_buckets": (), "flush_counts": [], "flush_seconds_sum": 0.0}
         for s in await self._every_broker("store_stats"):
             out["commitlog_bytes"] += s.get("commitlog_bytes", 0)
+            for k, v in s.items():  # present only on brokers with the tier on
+                if k.startswith("tier_"):
+                    out[k] = out.get(k, 0) + v
             out["flush_seconds_sum"] += s.get("flush_seconds_sum", 0.0)
             counts = list(s.get("flush_counts", ()))
             if not out["flush_buckets"]:

@@ -17,6 +17,9 @@ Families:
 - ``unimq_store_commitlog_bytes``: bytes held by the commitlog
 - ``unimq_store_flush_seconds``: histogram of commitlog fdatasync durations
 - ``unimq_push_deliveries_total{subscription,outcome}``: delivered, failed_attempt, dead_lettered, filtered
+- with tiered storage on: ``unimq_tier_backlog_segments`` / ``unimq_tier_backlog_bytes`` (sealed
+  segments waiting for upload), ``unimq_tier_uploaded_segments`` (segments readable in the tier),
+  ``unimq_tier_upload_failures_total`` (failed upload attempts since start)
 """
 
 from __future__ import annotations
@@ -105,9 +108,25 @@ class UnimqCollector:
             yield HistogramMetricFamily("unimq_store_flush_seconds", "commitlog fdatasync latency", buckets=buckets,
                                         sum_value=s.get("flush_seconds_sum", 0.0))
 
+        yield from _tier_families(s)
+
         push = CounterMetricFamily("unimq_push_deliveries", "push subscription delivery outcomes",
                                    labels=["subscription", "outcome"])
         if self.push is not None:
             for (sid, outcome), v in sorted(self.push.stats.items()):
                 push.add_metric([sid, outcome], v)
         yield push
+
+
+def _tier_families(s: dict[str, Any]) -> Iterator[Metric]:
+    """The tier's upload figures, when the brokers run one (their stats carry ``tier_*``)."""
+    if "tier_backlog_segments" not in s:
+        return
+    yield GaugeMetricFamily("unimq_tier_backlog_segments", "sealed commitlog segments waiting for upload to the tier",
+                            value=s.get("tier_backlog_segments", 0))
+    yield GaugeMetricFamily("unimq_tier_backlog_bytes", "bytes of sealed commitlog segments waiting for upload",
+                            value=s.get("tier_backlog_bytes", 0))
+    yield GaugeMetricFamily("unimq_tier_uploaded_segments", "commitlog segments readable in the tier",
+                            value=s.get("tier_uploaded_segments", 0))
+    yield CounterMetricFamily("unimq_tier_upload_failures", "failed tier upload attempts since start",
+                              value=s.get("tier_upload_failures", 0))

@@ -60,6 +60,7 @@ class Uploader:
         self.listed = False  # the tier's manifests were read since start
         self.uploaded = 0  # segments uploaded by this process
         self.failures = 0  # consecutive failed attempts
+        self.failed_attempts = 0  # failed attempts since start (the metric; ``failures`` resets)
         self.last_error = ""
         # Tests: called between the temporary upload of a segment and its copy into place.
         self.between_upload_and_commit: Callable[[], None] | None = None
@@ -137,12 +138,14 @@ class Uploader:
                 wait = self.scan_interval_s
             except self.objects.errors as e:
                 self.failures += 1
+                self.failed_attempts += 1
                 self.last_error = f"{type(e).__name__}: {e}"
                 wait = min(self.retry_max_s, RETRY_BASE_S * 2 ** min(self.failures - 1, 30))
                 wait *= random.uniform(0.5, 1.0)
                 log.warning("tier upload failed (attempt %d, retrying in %.1fs): %s", self.failures, wait, self.last_error)
             except Exception:  # a bug, not the network: keep the broker serving and retry later
                 self.failures += 1
+                self.failed_attempts += 1
                 log.exception("tier upload round failed")
                 wait = self.retry_max_s
             self._wake.wait(wait)
