@@ -588,7 +588,10 @@ class BrokerController:
             flt = compile_filter(filter_expression)
         deadline = time.monotonic() + min(max(wait_ms, 0), self.config.max_long_poll_ms) / 1000.0
         while True:
-            r = self.store.get(topic, queue_id, offset, max_count, flt)
+            if self.tier is None:
+                r = self.store.get(topic, queue_id, offset, max_count, flt)
+            else:  # local links whose origin only the tier holds are delivered, not skipped
+                r = await self.tier.get_local_async(topic, queue_id, offset, max_count, flt)
             caught_up = r.status in (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
             if not caught_up or time.monotonic() >= deadline:
                 break

@@ -29,7 +29,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 from . import record
 from . import log_copy
@@ -475,11 +475,15 @@ class MessageStore:
         offset: int,
         max_count: int,
         msg_filter: MessageFilter | None = None,
+        read: Callable[[int], StoredMessage] | None = None,
     ) -> GetResult:
         """Up to ``max_count`` messages from ``offset`` of one queue, filtered server-side.
 
         Reads are memory copies out of the page cache; a cold page may fault to
         disk, which is why the gateway's pull path may run this on a thread.
+        ``read`` replaces how a record becomes a message (the tier's: a link whose
+        origin left the local disk is resolved from the object store); an exception
+        it raises other than a missing or corrupt record ends the get.
         """
         cq = self._cqs.get((topic, queue_id))
         if cq is None or cq.max_offset == 0:
@@ -502,7 +506,7 @@ class MessageStore:
         entries = cq.get(offset, scan)
         out: list[StoredMessage] = []
         next_off = offset
-        materialize = self._materialize
+        materialize = read or self._materialize
         for phys, _size, th in entries:
             q = next_off
             next_off += 1

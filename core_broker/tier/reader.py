@@ -37,6 +37,21 @@ MAX_SPAN = 8 << 20  # the most segment bytes one get reads
 READ_AHEAD = 4  # blocks fetched in the background past what a get read
 
 
+class ColdOrigin(Exception):
+    """A local link's origin is only in the tier: read it off the event loop (``read_phys``)."""
+
+
+def _linked(link: StoredMessage, origin: StoredMessage) -> StoredMessage:
+    """The message a link delivers: its origin's, with the link's properties and counters
+    (as ``MessageStore._materialize`` merges them)."""
+    if link.properties:
+        origin.properties.update(link.properties)
+    origin.reconsume_times = link.reconsume_times
+    origin.store_timestamp_ms = link.store_timestamp_ms
+    origin.flags |= record.FLAG_LINK
+    return origin
+
+
 class TierReader:
     def __init__(
         self,
@@ -130,26 +145,48 @@ class TierReader:
         return self._read("segment", m, off, off + size)
 
     def read_phys(self, phys: int) -> StoredMessage:
-        """The message at a commitlog offset, wherever it is now; a link resolves to its origin."""
+        """The message at a commitlog offset, wherever it is now; a link resolves to its origin
+        (a local link's origin too, when only the tier still holds it). Blocks on the network."""
         if phys >= self.store.commitlog.min_offset:
             try:
                 return self.store.read_phys(phys)
             except (CorruptRecordError, ValueError):
-                pass  # retention removed it under our feet: it is in the tier now
+                link = self._local_link(phys)
+                if link is not None:  # the link is local, its origin left: read that from the tier
+                    return _linked(link[0], self.read_phys(link[1]))
+                # else retention removed it under our feet: it is in the tier now
         return self._decode(self._record(phys), 0, phys)
+
+    def read_local(self, phys: int) -> StoredMessage:
+        """The message at ``phys`` from local disk only (no network: the event loop may call it),
+        as the store reads it; a local link whose origin only the tier holds raises
+        :class:`ColdOrigin`, so the caller can do the read again off the loop with :meth:`read_phys`."""
+        try:
+            return self.store.read_phys(phys)
+        except (CorruptRecordError, ValueError):
+            link = self._local_link(phys)
+            if link is not None and self._manifest_at(link[1]) is not None:
+                raise ColdOrigin(phys) from None
+            raise
+
+    def _local_link(self, phys: int) -> tuple[StoredMessage, int] | None:
+        """(the link record, its origin's offset) when ``phys`` is a link still on local disk."""
+        cl = self.store.commitlog
+        try:
+            if phys < cl.min_offset:
+                return None
+            m = cl.read(phys)
+            lo, _ = cl.link_origin(phys)
+        except (CorruptRecordError, ValueError):
+            return None
+        return (m, lo) if m.flags & record.FLAG_LINK and 0 <= lo < cl.min_offset else None
 
     def _decode(self, buf: bytes, pos: int, phys: int) -> StoredMessage:
         """The record at ``pos`` of ``buf`` (commitlog offset ``phys``), as the store's read gives it."""
         m = record.decode(buf, pos)
         if m.flags & record.FLAG_LINK:
             lo, _ = record.link_origin(buf, pos)
-            origin = self.read_phys(lo)
-            if m.properties:
-                origin.properties.update(m.properties)
-            origin.reconsume_times = m.reconsume_times
-            origin.store_timestamp_ms = m.store_timestamp_ms
-            origin.flags |= record.FLAG_LINK
-            return origin
+            return _linked(m, self.read_phys(lo))
         if not m.message_id:
             m.message_id = self.store.appender.message_id(phys)
         return m

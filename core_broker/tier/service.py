@@ -19,7 +19,7 @@ from ..mapped_file import MappedFile
 from ..model import GetResult
 from . import expiry
 from .object_store import ObjectStore
-from .reader import TierReader
+from .reader import ColdOrigin, TierReader
 from .uploader import Uploader
 
 if TYPE_CHECKING:
@@ -63,6 +63,21 @@ class TierService:
         (see :meth:`TierReader.get`: None when the tier holds nothing for it)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._read_pool, self.reader.get, topic, queue_id, offset, max_count, msg_filter)
+
+    async def get_local_async(
+        self, topic: str, queue_id: int, offset: int, max_count: int, msg_filter: "MessageFilter | None" = None
+    ) -> GetResult:
+        """``MessageStore.get`` of the local queue, except that a link whose origin only the tier
+        still holds (a retry or timer record newer than the message it delivers) is delivered,
+        not skipped. The local read runs here, on the caller's (event loop) thread, as without a
+        tier; only a batch that meets such a link is read again on the tier's read workers."""
+        try:
+            return self.store.get(topic, queue_id, offset, max_count, msg_filter, self.reader.read_local)
+        except ColdOrigin:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._read_pool, self.store.get, topic, queue_id, offset, max_count, msg_filter, self.reader.read_phys
+            )
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The queue's oldest readable offset, in the tier or local (no network call)."""
