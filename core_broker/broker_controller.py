@@ -641,6 +641,13 @@ class BrokerController:
             return self.store.offset_for_timestamp(topic, queue_id, timestamp_ms)
         raise BadRequestError(f"unknown offset policy {policy!r}")
 
+    async def query_offset_async(self, topic: str, queue_id: int, policy: str = "end", timestamp_ms: int = 0) -> int:
+        """:meth:`query_offset`, with 'timestamp' searching the tier too when it is on (what the
+        doors call: a read "from a time" may start in data only the object store holds)."""
+        if policy == "timestamp" and self.tier is not None:
+            return await self.tier.offset_for_timestamp_async(topic, queue_id, timestamp_ms)
+        return self.query_offset(topic, queue_id, policy, timestamp_ms)
+
     # ------------------------------------------------------------------ query
 
     def query_by_id(self, message_id: str) -> StoredMessage | None:

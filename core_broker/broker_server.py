@@ -283,8 +283,8 @@ class BrokerServer:
     def get_offset(self, group, topic, queue_id):
         return self.controller.get_offset(group, topic, queue_id)
 
-    def query_offset(self, topic, queue_id, policy="end", timestamp_ms=0):
-        return self.controller.query_offset(topic, queue_id, policy, timestamp_ms)
+    async def query_offset(self, topic, queue_id, policy="end", timestamp_ms=0):
+        return await self.controller.query_offset_async(topic, queue_id, policy, timestamp_ms)
 
     def query_by_id(self, message_id):
         return self.controller.query_by_id(message_id)

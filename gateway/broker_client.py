@@ -260,7 +260,7 @@ class LocalBrokerClient:
         return self._check(broker).get_offset(group, topic, queue_id)
 
     async def query_offset(self, broker: str, topic: str, queue_id: int, policy: str, timestamp_ms: int) -> int:
-        return self._check(broker).query_offset(topic, queue_id, policy, timestamp_ms)
+        return await self._check(broker).query_offset_async(topic, queue_id, policy, timestamp_ms)
 
     # -- query
     async def query_by_id(self, message_id: str) -> StoredMessage | None:

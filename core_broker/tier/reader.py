@@ -191,6 +191,42 @@ class TierReader:
             m.message_id = self.store.appender.message_id(phys)
         return m
 
+    # ------------------------------------------------------------------ by time
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int | None:
+        """The first queue offset stored at or after ``ts_ms`` among the queue's entries in tier
+        segments no longer on local disk; None when there is none (the local queue answers).
+
+        Store timestamps grow with the log, so the manifests' first and last timestamps pick
+        the one segment to search without a network call (a time newer than the tier's data
+        costs none at all); within it, a binary search reads one entry and one record header
+        per step through the block cache. Blocks on the network: run it on the read workers.
+        """
+        local_start = self.store.commitlog.min_offset
+        for first, end, pos, m in self._ranges(topic, queue_id):
+            if m.base >= local_start:
+                break  # still on local disk: the local search covers it
+            if m.last_ts < ts_ms:
+                continue
+            if m.first_ts >= ts_ms:
+                return first
+            lo, hi = first, end
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self._store_ts(m, pos + (mid - first) * ENTRY.size) < ts_ms:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo < end:
+                return lo
+        return None
+
+    def _store_ts(self, m: layout.Manifest, at: int) -> int:
+        """Store timestamp of the record the index entry at ``at`` of ``m``'s index object names."""
+        phys, size, _ = ENTRY.unpack(self._read("index", m, at, at + ENTRY.size))
+        rec = self._read("segment", m, phys - m.base, phys - m.base + size)
+        return record.parse_header(rec, 0).store_ts
+
     # ------------------------------------------------------------------ get
 
     def get(

@@ -79,6 +79,13 @@ class TierService:
                 self._read_pool, self.store.get, topic, queue_id, offset, max_count, msg_filter, self.reader.read_phys
             )
 
+    async def offset_for_timestamp_async(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        """The first queue offset stored at or after ``ts_ms``, in the tier or locally; tier
+        lookups run on the read workers (none at all for a time newer than the tier's data)."""
+        loop = asyncio.get_running_loop()
+        cold = await loop.run_in_executor(self._read_pool, self.reader.offset_for_timestamp, topic, queue_id, ts_ms)
+        return cold if cold is not None else self.store.offset_for_timestamp(topic, queue_id, ts_ms)
+
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The queue's oldest readable offset, in the tier or local (no network call)."""
         local = self.store.min_offset(topic, queue_id)
