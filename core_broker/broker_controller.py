@@ -650,8 +650,20 @@ class BrokerController:
 
     # ------------------------------------------------------------------ query
 
+    async def query_by_id_async(self, message_id: str) -> StoredMessage | None:
+        """:meth:`query_by_id`, with server-assigned ids of messages only the tier holds found
+        there too (what the doors call)."""
+        m = self.query_by_id(message_id)
+        if m is None and self.tier is not None:
+            m = self._public(await self.tier.query_by_id_async(message_id))
+        return m
+
     def query_by_id(self, message_id: str) -> StoredMessage | None:
-        m = self.store.query_by_id(message_id)
+        return self._public(self.store.query_by_id(message_id))
+
+    @staticmethod
+    def _public(m: StoredMessage | None) -> StoredMessage | None:
+        """A message as a query answers it: under the topic it is for, internal properties off."""
         if m is not None:
             m.topic = m.properties.get(P_REAL_TOPIC, m.topic)  # still waiting in the timer/half queue
             m.properties = public_properties(m.properties)

@@ -286,8 +286,8 @@ class BrokerServer:
     async def query_offset(self, topic, queue_id, policy="end", timestamp_ms=0):
         return await self.controller.query_offset_async(topic, queue_id, policy, timestamp_ms)
 
-    def query_by_id(self, message_id):
-        return self.controller.query_by_id(message_id)
+    async def query_by_id(self, message_id):
+        return await self.controller.query_by_id_async(message_id)
 
     def query_by_key(self, topic, key, begin_ms=0, end_ms=2**62, max_count=32):
         return self.controller.query_by_key(topic, key, begin_ms, end_ms, max_count)

@@ -264,7 +264,7 @@ class LocalBrokerClient:
 
     # -- query
     async def query_by_id(self, message_id: str) -> StoredMessage | None:
-        return self.broker.query_by_id(message_id)
+        return await self.broker.query_by_id_async(message_id)
 
     async def query_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int

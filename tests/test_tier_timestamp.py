@@ -72,3 +72,38 @@ def test_offset_for_timestamp_finds_offsets_only_in_the_tier(tmp_path: Path, s3:
             await bc.stop()
 
     asyncio.run(main())
+
+
+def test_query_by_server_id_reads_the_tier(tmp_path: Path, s3: S3Server) -> None:
+    """A server-assigned id names its record's commitlog offset: found in the tier once local
+    retention removed it, through the broker and the in-process broker client."""
+    bucket = s3.new_bucket()
+    cfg = tier_config(tmp_path / "d", s3, bucket, retention_hours=1.0)
+
+    async def main() -> None:
+        bc = BrokerController(cfg, BrokerConfig())
+        await bc.start()
+        tier, store = bc.tier, bc.store
+        assert tier is not None
+        try:
+            bc.create_topic(TopicConfig("T", queues=1), exist_ok=True)
+            bodies = [os.urandom(800) for _ in range(300)]
+            ids = [(await asyncio.to_thread(store.put, Message("T", b, keys=(f"k{i}",)))).message_id
+                   for i, b in enumerate(bodies)]
+            before = {i: bc.query_by_id(ids[i]) for i in range(0, 300, 13)}
+            assert all(m is not None for m in before.values())
+            await asyncio.to_thread(wait_for, lambda: tier.backlog() == (0, 0), 30)
+            assert store.run_retention(now=time.time() + 10 * 3600) >= 3
+            assert bc.query_by_id(ids[0]) is None  # not on local disk any more
+            client = LocalBrokerClient(bc, owns=False)
+            for i, want in before.items():
+                got = await client.query_by_id(ids[i])
+                assert got is not None and (got.message_id, bytes(got.body), got.keys, got.topic) == (
+                    want.message_id, bodies[i], want.keys, "T"), i
+            bad = ids[0][:-1] + ("1" if ids[0][-1] != "1" else "2")  # not a record boundary
+            assert await bc.query_by_id_async(bad) is None
+            assert await bc.query_by_id_async("nonsense") is None
+        finally:
+            await bc.stop()
+
+    asyncio.run(main())

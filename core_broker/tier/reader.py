@@ -191,6 +191,30 @@ class TierReader:
             m.message_id = self.store.appender.message_id(phys)
         return m
 
+    # ------------------------------------------------------------------ by id
+
+    def query_by_id(self, message_id: str) -> StoredMessage | None:
+        """The message of a server-assigned id whose record left the local disk, or None.
+
+        A server id names its record's commitlog offset (``Appender.message_id``), so this is
+        one record read from the tier, no index needed. Client-chosen ids (and keys) are in
+        the local IndexFile only: the tier has no index of them yet.
+        """
+        prefix = self.store.appender.id_prefix
+        if len(message_id) != len(prefix) + 16 or not message_id.startswith(prefix):
+            return None
+        try:
+            phys = int(message_id[len(prefix) :], 16)
+        except ValueError:
+            return None
+        if phys >= self.store.commitlog.min_offset or self._manifest_at(phys) is None:
+            return None
+        try:
+            m = self.read_phys(phys)
+        except (CorruptRecordError, ValueError):  # not a record boundary: not one of our ids
+            return None
+        return m if m.message_id == message_id else None
+
     # ------------------------------------------------------------------ by time
 
     def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int | None:

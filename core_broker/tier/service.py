@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..mapped_file import MappedFile
-from ..model import GetResult
+from ..model import GetResult, StoredMessage
 from . import expiry
 from .object_store import ObjectStore
 from .reader import ColdOrigin, TierReader
@@ -85,6 +85,12 @@ class TierService:
         loop = asyncio.get_running_loop()
         cold = await loop.run_in_executor(self._read_pool, self.reader.offset_for_timestamp, topic, queue_id, ts_ms)
         return cold if cold is not None else self.store.offset_for_timestamp(topic, queue_id, ts_ms)
+
+    async def query_by_id_async(self, message_id: str) -> StoredMessage | None:
+        """A message by server-assigned id from the tier, on the read workers (see
+        :meth:`TierReader.query_by_id`)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._read_pool, self.reader.query_by_id, message_id)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The queue's oldest readable offset, in the tier or local (no network call)."""
