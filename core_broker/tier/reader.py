@@ -279,8 +279,10 @@ class TierReader:
             end = min(end, local_min)  # from the local minimum on, the local queue answers
             if next_off >= end:
                 continue
-            if next_off < first:
-                break  # a gap (a segment expired from the tier): the caller asks again from here
+            if next_off < first:  # a hole: segments tier retention removed (other topics kept older ones)
+                if next_off == offset:
+                    return GetResult(GetStatus.OFFSET_MOVED, [], first, tier_min, hi)
+                break  # the caller asks again from here
             n = min(end - next_off, budget)
             at = pos + (next_off - first) * ENTRY.size
             raw = self._read("index", m, at, at + n * ENTRY.size)

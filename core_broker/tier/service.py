@@ -103,12 +103,15 @@ class TierService:
         return self.uploader.backlog()
 
     def run_expiry(self, now: float | None = None) -> int:
-        """Apply ``tier_retention_hours`` now (the worker does this when idle); return segments removed."""
-        if self.retention_hours <= 0:
-            return 0
+        """Apply tier retention now (the worker does this when idle): ``tier_retention_hours``,
+        per topic its attribute of that name (see ``expiry``); return segments removed."""
         now = time.time() if now is None else now
-        horizon_ms = int((now - self.retention_hours * 3600) * 1000)
-        return expiry.expire(self.objects, self.uploader, self.store.store_id, horizon_ms)
+        return expiry.expire(self.objects, self.uploader, self.store.store_id, int(now * 1000), self.topic_retention_hours)
+
+    def topic_retention_hours(self, topic: str) -> float:
+        """A topic's tier retention (0: for ever); a topic no longer configured has the global one."""
+        tc = self.store.topics.get(topic) if topic else None
+        return expiry.topic_hours(tc.attributes if tc else None, self.retention_hours, self.store.config.retention_hours)
 
     def _idle(self) -> None:
         if time.monotonic() - self._last_expiry >= self.expiry_interval_s:
