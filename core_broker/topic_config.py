@@ -6,6 +6,7 @@ before sending, so the type lives with the topic, not the message.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,6 +60,21 @@ def validate_topic_name(name: str) -> None:
         raise BadRequestError("topic name must be 1 to 255 characters")
     if any(ord(c) < 32 for c in name):
         raise BadRequestError("topic name must not contain control characters")
+
+
+def validate_attributes(attributes: dict) -> dict[str, str]:
+    """Topic attributes as strings; a known one must hold what it means (``tier_retention_hours``:
+    hours >= 0, 0 keeping a topic in the tier for ever)."""
+    attrs = {str(k): str(v) for k, v in attributes.items()}
+    hours = attrs.get("tier_retention_hours")
+    if hours is not None:
+        try:
+            ok = math.isfinite(float(hours)) and float(hours) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise BadRequestError(f"tier_retention_hours must be a number of hours >= 0, not {hours!r}")
+    return attrs
 
 
 class TopicConfigManager:

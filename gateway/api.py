@@ -203,6 +203,7 @@ class ProcessorCalls(Protocol):
     async def create_topic(
         self, ctx: RequestContext, name: str, queues: int | None = None,
         message_type: MessageType | str = MessageType.NORMAL, exist_ok: bool = False,
+        attributes: dict[str, str] | None = None,
     ) -> TopicConfig: ...
 
     async def host_lmq(self, ctx: RequestContext, name: str, broker: str) -> None: ...

@@ -32,7 +32,7 @@ from core_broker.pop_service import PoppedMessage
 from core_broker.receipt import InvalidReceiptHandleError, broker_of
 from core_broker.record_layout import LAYOUT
 from core_broker.system_topics import RESERVED_PREFIX, dlq_topic, is_lmq, is_system_topic
-from core_broker.topic_config import TopicConfig, validate_topic_name
+from core_broker.topic_config import TopicConfig, validate_attributes, validate_topic_name
 from core_broker.transaction_service import TransactionChecker
 
 from .api import (
@@ -679,7 +679,10 @@ class MessagingProcessor:
         queues: int | None = None,
         message_type: MessageType | str = MessageType.NORMAL,
         exist_ok: bool = False,
+        attributes: dict[str, str] | None = None,
     ) -> TopicConfig:
+        """A new topic; ``attributes`` (strings) are kept with it, e.g. ``tier_retention_hours``
+        (hours as a number, 0 = keep in the tier for ever). An existing topic keeps its own."""
         self._check(ctx, Action.CREATE, _TOPIC, name)
         if is_system_topic(name) and not is_lmq(name):
             raise BadRequestError("topic names starting with '%' are reserved (doors may create '%LMQ%' queues)")
@@ -689,7 +692,9 @@ class MessagingProcessor:
             raise InvalidArgumentError(
                 f"unknown topic type {message_type!r}: one of NORMAL, FIFO, DELAY, TRANSACTION"
             ) from None
-        tc = TopicConfig(name, queues=self.config.default_queue_count if queues is None else queues, message_type=mtype)
+        attrs = validate_attributes(attributes or {})
+        tc = TopicConfig(name, queues=self.config.default_queue_count if queues is None else queues, message_type=mtype,
+                         attributes=attrs)
         return await self.broker.create_topic(tc, exist_ok=exist_ok)
 
     async def host_lmq(self, ctx: RequestContext, name: str, broker: str) -> None:

@@ -105,3 +105,22 @@ def test_topic_hours_reads_the_attribute() -> None:
     assert topic_hours({"tier_retention_hours": "0.5"}, 5.0, 1.0) == 1.0  # never under local retention
     assert topic_hours({"tier_retention_hours": "soon"}, 5.0, 1.0) == 5.0
     assert topic_hours({"tier_retention_hours": "-1"}, 5.0, 1.0) == 5.0
+
+
+def test_a_topic_gets_its_tier_retention_over_http(unimq_server) -> None:
+    """`POST /v1/topics` with `attributes` keeps them with the new topic (topics.json);
+    a tier retention that is not hours >= 0 is refused."""
+    import json
+
+    import httpx
+
+    srv = unimq_server('--set=doors=["http"]')
+    with httpx.Client(base_url=srv.url("http", ""), timeout=30) as c:
+        r = c.post("/v1/topics", json={"name": "audit", "queues": 1, "attributes": {"tier_retention_hours": "8760"}})
+        assert r.status_code == 201, r.text
+        for bad in ("-1", "forever", "nan"):
+            r = c.post("/v1/topics", json={"name": f"x{bad}", "attributes": {"tier_retention_hours": bad}})
+            assert r.status_code == 400, (bad, r.text)
+    topics = json.loads((Path(srv.data_dir) / "config" / "topics.json").read_text())
+    assert topics["audit"]["attributes"] == {"tier_retention_hours": "8760"}
+    assert not [t for t in topics if t.startswith("x")]

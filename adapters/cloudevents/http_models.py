@@ -21,6 +21,10 @@ class TopicCreate(BaseModel):
     name: str = Field(min_length=1, max_length=255, description="topic name")
     queues: int = Field(8, ge=1, le=1024, description="number of message queues")
     type: Literal["NORMAL", "FIFO", "DELAY", "TRANSACTION", "normal", "fifo", "delay", "transaction"] = "NORMAL"
+    attributes: dict[str, str] = Field(
+        default_factory=dict,
+        description="topic attributes, kept with a new topic: `tier_retention_hours` (hours in the tier, 0 for ever)",
+    )
 
 
 class QueueOut(BaseModel):

@@ -53,7 +53,7 @@ def router(deps: Deps) -> APIRouter:
             await p.describe_topic(ADMIN_CTX, body.name)
         except UnimqError:
             existed = False
-        await p.create_topic(ADMIN_CTX, body.name, body.queues, mtype, exist_ok=True)
+        await p.create_topic(ADMIN_CTX, body.name, body.queues, mtype, exist_ok=True, attributes=body.attributes or None)
         return json_response(topic_json(await p.describe_topic(ADMIN_CTX, body.name)), 200 if existed else 201)
 
 
