@@ -1,4 +1,4 @@
-"""Offsets by time for data only the tier holds (issue 17): `offset_for_timestamp` searches the tier.
+"""Offsets by time, and messages by server id, for data only the tier holds (issue 17).
 
 RocketMQ's "consume from a time" and Spark's reads from a timestamp ask a queue
 for its first offset stored at or after a time. Once retention removed a
@@ -7,6 +7,8 @@ one the local search gave before retention, for every time, found on the tier's
 read workers (and with no GET at all for a time newer than the tier's data).
 Against real S3-compatible servers (moto, ``rclone serve s3``) on 127.0.0.1 and a
 real BrokerController, through the broker and the in-process broker client.
+A server-assigned message id names its record's offset, so a query by such an
+id of a message gone from local disk is one record read from the tier.
 """
 
 from __future__ import annotations
