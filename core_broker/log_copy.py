@@ -71,7 +71,9 @@ def read_log(store: MessageStore, start: int, max_bytes: int) -> tuple[int, byte
     pos = start
     unpack = _PREFIX.unpack_from
     base = mf.base
-    while pos < limit:
+    # A tail under a record prefix (12 bytes) closes a segment without a BLANK record (see
+    # CommitLog.make_room): stop there, never read a prefix across the segment's end.
+    while limit - pos >= record.PREFIX.size:
         size, magic = unpack(mm, pos - base)
         if magic == record.MAGIC_BLANK or size <= 0:
             break
