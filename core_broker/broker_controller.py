@@ -33,6 +33,7 @@ from .system_topics import (
     P_REAL_TOPIC,
     RETRY_PREFIX,
     TIMER_TOPIC,
+    is_lmq,
     is_system_topic,
     public_properties,
     retry_topic,
@@ -387,7 +388,12 @@ class BrokerController:
         return self.store.topics.get(name)
 
     def list_topics(self, include_system: bool = False) -> list[TopicConfig]:
-        return [t for t in self.store.topics.topics.values() if include_system or not is_system_topic(t.name)]
+        """The topic table; with ``include_system`` also the LMQs this broker holds entries of."""
+        topics = self.store.topics
+        out = [t for t in topics.topics.values() if include_system or not is_system_topic(t.name)]
+        if include_system:
+            out += [topics.lmq(t) for t in sorted(self.store.queued_topics()) if is_lmq(t)]
+        return out
 
     def describe_topic(self, name: str) -> TopicStats:
         tc = self.store.topics.require(name)

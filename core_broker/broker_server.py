@@ -27,6 +27,7 @@ from .remoting.rows import get_result_to_block, messages_from_block, popped_to_b
 from .remoting.server import RpcServer
 from .errors import BrokerWriteBlockedError, NotMasterError
 from .replication.service import ReplicationConfig, ReplicationService
+from .system_topics import is_lmq
 from .topic_config import PERM_RW, PERM_WRITE, TopicConfig
 
 log = logging.getLogger("unimq.broker_server")
@@ -162,6 +163,7 @@ class BrokerServer:
         return {
             t.name: {"queues": t.queues, "queue_base": t.queue_base, "perm": t.perm, "type": t.message_type.value}
             for t in self.controller.list_topics(include_system=True)
+            if not is_lmq(t.name)  # every broker holds every LMQ: no route to register
         }
 
     async def register(self) -> int:
@@ -218,7 +220,8 @@ class BrokerServer:
 
     async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
         r = self.controller.create_topic(tc, exist_ok)
-        await self.register()
+        if not is_lmq(tc.name):
+            await self.register()
         return r
 
     async def update_topic(self, tc: TopicConfig) -> TopicConfig:
@@ -228,7 +231,8 @@ class BrokerServer:
 
     async def delete_topic(self, name: str) -> None:
         self.controller.delete_topic(name)
-        await self.register()
+        if not is_lmq(name):
+            await self.register()
 
     def get_topic(self, name: str) -> TopicConfig | None:
         return self.controller.get_topic(name)

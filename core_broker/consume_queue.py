@@ -19,6 +19,9 @@ ENTRY = struct.Struct("<qiq")
 ENTRY_SIZE = ENTRY.size
 _pack_into = ENTRY.pack_into
 _unpack_from = ENTRY.unpack_from
+# A light message queue's files are small (80 KiB): there is one LMQ per subscription,
+# and each file is preallocated with real blocks when the LMQ's first entry arrives.
+LMQ_CQ_ENTRIES = 4096
 
 
 class ConsumeQueue:
@@ -28,7 +31,7 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self._file_bytes = entries_per_file * ENTRY_SIZE
-        self.files = MappedFileQueue(root / _safe(topic) / str(queue_id), self._file_bytes)
+        self.files = MappedFileQueue(root / _safe(topic) / str(queue_id), self._file_bytes, keep_fd=False)
         self.max_offset = 0  # next queue offset to assign
         self.min_offset = 0
         self.limit = 0  # queue offsets below this (and >= the current file's first) fit in _cur

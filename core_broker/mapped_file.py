@@ -63,7 +63,7 @@ class MappedFile:
 
     __slots__ = ("path", "base", "size", "fd", "mm", "dirty")
 
-    def __init__(self, path: Path, base: int, size: int, create: bool) -> None:
+    def __init__(self, path: Path, base: int, size: int, create: bool, keep_fd: bool = True) -> None:
         self.path = path
         self.base = base
         self.size = size
@@ -85,6 +85,9 @@ class MappedFile:
                 except OSError:
                     pass
             raise
+        if not keep_fd:  # the mapping keeps the file: no descriptor per segment (see sync)
+            os.close(self.fd)
+            self.fd = -1
         self.dirty = False
 
     @property
@@ -94,14 +97,22 @@ class MappedFile:
     def sync(self) -> None:
         """fdatasync; call from a flush thread, never the event loop."""
         self.dirty = False
-        os.fdatasync(self.fd)
+        if self.fd >= 0:
+            os.fdatasync(self.fd)
+            return
+        fd = os.open(self.path, os.O_RDWR)  # a segment mapped without a kept descriptor
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         try:
             self.mm.close()
         except BufferError:  # a reader still holds a view; the mapping dies with it
             pass
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
 
     def destroy(self) -> None:
         self.close()
@@ -114,9 +125,13 @@ class MappedFile:
 class MappedFileQueue:
     """Ordered segments of one log; maps a logical offset to (file, position)."""
 
-    def __init__(self, directory: Path, file_size: int) -> None:
+    def __init__(self, directory: Path, file_size: int, keep_fd: bool = True) -> None:
+        """``keep_fd=False``: segments hold no open descriptor (consume queues: one LMQ per
+        subscription would otherwise hold one per subscription, and a process may hold
+        only so many)."""
         self.dir = Path(directory)
         self.file_size = file_size
+        self.keep_fd = keep_fd
         self.files: list[MappedFile] = []
         self.lock = threading.Lock()  # guards the list against retention vs. readers
 
@@ -124,11 +139,11 @@ class MappedFileQueue:
         self.dir.mkdir(parents=True, exist_ok=True)
         names = sorted(p for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20)
         for p in names:
-            self.files.append(MappedFile(p, int(p.name), self.file_size, create=False))
+            self.files.append(MappedFile(p, int(p.name), self.file_size, create=False, keep_fd=self.keep_fd))
 
     def create(self, base: int) -> MappedFile:
         self.dir.mkdir(parents=True, exist_ok=True)
-        f = MappedFile(self.dir / f"{base:020d}", base, self.file_size, create=True)
+        f = MappedFile(self.dir / f"{base:020d}", base, self.file_size, create=True, keep_fd=self.keep_fd)
         with self.lock:
             self.files.append(f)
         return f

@@ -35,7 +35,7 @@ from . import record
 from . import log_copy
 from .commitlog import CommitLog
 from .config import FlushMode, StoreConfig
-from .consume_queue import ENTRY as CQ_ENTRY, ConsumeQueue, unsafe
+from .consume_queue import ENTRY as CQ_ENTRY, ENTRY_SIZE, LMQ_CQ_ENTRIES, ConsumeQueue, unsafe
 from .errors import (
     CorruptRecordError,
     StoreClosedError,
@@ -56,6 +56,7 @@ from .model import (
     StoredMessage,
 )
 from .offset_store import ConsumerOffsetStore
+from .system_topics import LMQ_PREFIX
 from .topic_config import TopicConfigManager
 
 log = logging.getLogger("unimq.store")
@@ -197,7 +198,7 @@ class MessageStore:
             topic = unsafe(tdir.name)
             for qdir in tdir.iterdir():
                 if qdir.name.isdigit():
-                    cq = ConsumeQueue(self._cq_root, topic, int(qdir.name), self.config.cq_entries_per_file)
+                    cq = ConsumeQueue(self._cq_root, topic, int(qdir.name), self._cq_entries(topic, qdir))
                     cq.load()
                     self._cqs[(topic, int(qdir.name))] = cq
 
@@ -278,11 +279,24 @@ class MessageStore:
 
     # ------------------------------------------------------------------ write path
 
+    def _cq_entries(self, topic: str, qdir: Path | None = None) -> int:
+        """Entries per consume-queue file: LMQs (one per subscription, many of them short)
+        get small files, 80 KiB, not the topics' 6 MB preallocated each; an LMQ's files
+        written by an older version keep their size."""
+        if not topic.startswith(LMQ_PREFIX):
+            return self.config.cq_entries_per_file
+        if qdir is not None:
+            for p in sorted(qdir.iterdir()):
+                size = p.stat().st_size
+                if p.name.isdigit() and size and size % ENTRY_SIZE == 0:
+                    return size // ENTRY_SIZE
+        return min(LMQ_CQ_ENTRIES, self.config.cq_entries_per_file)
+
     def _cq(self, topic: str, queue_id: int) -> ConsumeQueue:
         key = (topic, queue_id)
         cq = self._cqs.get(key)
         if cq is None:
-            cq = ConsumeQueue(self._cq_root, topic, queue_id, self.config.cq_entries_per_file)
+            cq = ConsumeQueue(self._cq_root, topic, queue_id, self._cq_entries(topic))
             self._cqs[key] = cq
         return cq
 
@@ -683,11 +697,19 @@ class MessageStore:
 
     # ------------------------------------------------------------------ admin
 
+    def queued_topics(self) -> set[str]:
+        """Every topic with a consume queue here (LMQs exist only through theirs)."""
+        return {t for t, _ in list(self._cqs)}
+
     def delete_topic_queues(self, topic: str) -> None:
         """Remove a topic's consume queues (its records age out with their segments)."""
         with self._lock:
-            for key in [k for k in self._cqs if k[0] == topic]:
-                self._cqs.pop(key).destroy()
+            # an LMQ has queue 0 only: no scan of every queue (there is one LMQ per subscription)
+            keys = [(topic, 0)] if topic.startswith(LMQ_PREFIX) else [k for k in self._cqs if k[0] == topic]
+            for key in keys:
+                cq = self._cqs.pop(key, None)
+                if cq is not None:
+                    cq.destroy()
         shutil.rmtree(self._cq_root / ConsumeQueueDir.name_of(topic), ignore_errors=True)
         self.offsets.delete_topic(topic)
 

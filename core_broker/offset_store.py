@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from .json_file import read_json, write_json_atomic
+from .system_topics import LMQ_PREFIX
 
 
 class ConsumerOffsetStore:
@@ -53,6 +54,9 @@ class ConsumerOffsetStore:
     def delete_topic(self, topic: str) -> None:
         with self._lock:
             for t in self.table.values():
+                if topic.startswith(LMQ_PREFIX):  # queue 0 only: no scan (one LMQ per subscription)
+                    t.pop((topic, 0), None)
+                    continue
                 for k in [k for k in t if k[0] == topic]:
                     del t[k]
             self._dirty = True

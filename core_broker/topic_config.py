@@ -14,6 +14,7 @@ from pathlib import Path
 from .errors import BadRequestError, TopicExistsError, TopicNotFoundError
 from .json_file import read_json, write_json_atomic
 from .model import MessageType
+from .system_topics import LMQ_PREFIX
 
 PERM_READ = 0x4
 PERM_WRITE = 0x2
@@ -78,29 +79,55 @@ def validate_attributes(attributes: dict) -> dict[str, str]:
 
 
 class TopicConfigManager:
-    """All topics of one store; every change is written through to ``topics.json``."""
+    """All topics of one store; every change is written through to ``topics.json``.
+
+    Light message queues (``%LMQ%`` names) are not in the table: every broker holds
+    every LMQ implicitly (one queue, id 0), the part of it that multi-dispatch wrote
+    there. Creating one costs a dict entry, no write, no fsync; :attr:`topics` and
+    ``topics.json`` never list them (a fleet's million subscriptions would make the
+    table, and each save of it, grow for ever).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.topics: dict[str, TopicConfig] = {}
+        self._lmqs: dict[str, TopicConfig] = {}  # the config objects handed out for LMQs
         self._lock = threading.Lock()
 
     def load(self) -> None:
+        dropped = False
         for d in read_json(self.path, {}).values():
             tc = TopicConfig(**d)
+            if tc.name.startswith(LMQ_PREFIX):  # written by an older version: implicit now
+                dropped = True
+                continue
             self.topics[tc.name] = tc
+        if dropped:
+            self._save()
+
+    def lmq(self, name: str) -> TopicConfig:
+        """The config of LMQ ``name`` (the same object until it is deleted)."""
+        tc = self._lmqs.get(name)
+        if tc is None:
+            tc = self._lmqs[name] = TopicConfig(name, queues=1)
+        return tc
 
     def get(self, name: str) -> TopicConfig | None:
-        return self.topics.get(name)
+        tc = self.topics.get(name)
+        if tc is None and name.startswith(LMQ_PREFIX):
+            return self.lmq(name)
+        return tc
 
     def require(self, name: str) -> TopicConfig:
-        tc = self.topics.get(name)
+        tc = self.get(name)
         if tc is None:
             raise TopicNotFoundError(f"topic {name!r} does not exist")
         return tc
 
     def create(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
         validate_topic_name(tc.name)
+        if tc.name.startswith(LMQ_PREFIX):
+            return self.lmq(tc.name)  # never ``tc``: nothing new to journal
         with self._lock:
             old = self.topics.get(tc.name)
             if old is not None:
@@ -115,6 +142,9 @@ class TopicConfigManager:
         return tc
 
     def update(self, tc: TopicConfig) -> TopicConfig:
+        if tc.name.startswith(LMQ_PREFIX):
+            self._lmqs[tc.name] = tc
+            return tc
         with self._lock:
             self.require(tc.name)
             self.topics[tc.name] = tc
@@ -122,6 +152,8 @@ class TopicConfigManager:
         return tc
 
     def delete(self, name: str) -> TopicConfig:
+        if name.startswith(LMQ_PREFIX):
+            return self._lmqs.pop(name, None) or TopicConfig(name, queues=1)
         with self._lock:
             tc = self.topics.pop(name, None)
             if tc is None:
@@ -131,12 +163,17 @@ class TopicConfigManager:
 
     def put(self, tc: TopicConfig) -> None:
         """Set a topic as a journal replay found it (create or replace, no checks)."""
+        if tc.name.startswith(LMQ_PREFIX):
+            return  # an older version's journal: LMQs are implicit now
         with self._lock:
             if self.topics.get(tc.name) != tc:
                 self.topics[tc.name] = tc
                 self._save()
 
     def discard(self, name: str) -> None:
+        if name.startswith(LMQ_PREFIX):
+            self._lmqs.pop(name, None)
+            return
         with self._lock:
             if self.topics.pop(name, None) is not None:
                 self._save()

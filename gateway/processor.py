@@ -698,12 +698,11 @@ class MessagingProcessor:
         return await self.broker.create_topic(tc, exist_ok=exist_ok)
 
     async def host_lmq(self, ctx: RequestContext, name: str, broker: str) -> None:
-        """Make an LMQ topic known on ``broker`` so its part of the LMQ can be pulled there.
+        """Make an LMQ known on ``broker`` so its part of the LMQ can be pulled there.
 
         A multi-dispatched message's LMQ entries are written by the broker that stores the
-        message, which in a separated deployment need not be one the LMQ's route names; a
-        pull checks the topic on the broker it reads. Adds queue 0 of ``name`` on that
-        broker (nothing when it is already there, or when one broker holds everything).
+        message. Every broker now holds every LMQ implicitly (queue 0, no topic-table entry,
+        no route), so this only checks the caller's right; kept for the doors that call it.
         """
         self._check(ctx, Action.CREATE, _TOPIC, name)
         if not is_lmq(name):

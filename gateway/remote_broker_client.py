@@ -33,7 +33,8 @@ from core_broker.remoting.rows import (
     popped_from_block,
     put_results_from_block,
 )
-from core_broker.topic_config import PERM_WRITE, TopicConfig
+from core_broker.system_topics import is_lmq
+from core_broker.topic_config import PERM_WRITE, TopicConfig, validate_topic_name
 from core_broker.transaction_service import TransactionCheckLostError, TransactionChecker
 from nameserver.client import NameserverClient
 
@@ -161,7 +162,19 @@ class RemoteBrokerClient:
 
     # ------------------------------------------------------------------ routes and topics
 
+    async def _lmq_route(self, topic: str) -> TopicRoute | None:
+        """Every broker holds every LMQ (queue 0, the part multi-dispatch wrote there):
+        the nameservers know no LMQ, and its route is the broker list."""
+        brokers = sorted(await self._brokers(), key=lambda b: b["name"])
+        if not brokers:
+            return None
+        queues = [QueueRoute(b["name"], 0, b["perm"]) for b in brokers]
+        live = [q for q in queues if self._live(q.broker)]
+        return TopicRoute(TopicConfig(topic, queues=1), live or queues)
+
     async def route(self, topic: str) -> TopicRoute | None:
+        if is_lmq(topic):
+            return await self._lmq_route(topic)
         cached = self._routes.get(topic)
         now = time.monotonic()
         raw = None
@@ -190,6 +203,9 @@ class RemoteBrokerClient:
         return TopicRoute(route.config, live or route.queues)
 
     async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
+        if is_lmq(tc.name):  # implicit on every broker: nothing to create
+            validate_topic_name(tc.name)
+            return TopicConfig(tc.name, queues=1)
         existing = await self.route(tc.name)
         if existing is not None:
             if exist_ok and existing.config.message_type == tc.message_type:
@@ -218,6 +234,8 @@ class RemoteBrokerClient:
         return tc
 
     async def host_queue(self, broker: str, name: str) -> None:
+        if is_lmq(name):
+            return  # every broker holds every LMQ
         await self._call(broker, "create_topic", TopicConfig(name, queues=1, queue_base=0), True)
         self.invalidate(name)
 
@@ -245,6 +263,11 @@ class RemoteBrokerClient:
         return tc
 
     async def delete_topic(self, name: str) -> None:
+        if is_lmq(name):  # its parts are wherever messages were dispatched into it
+            for b in await self._brokers(refresh=True):
+                if self._live(b["name"]):
+                    await self._call(b["name"], "delete_topic", name)
+            return
         for b in await self._hosts(name):
             await self._call(b, "delete_topic", name)
         self.invalidate(name)
