@@ -44,6 +44,7 @@ SECTIONS: dict[str, str] = {
     "grpc": "bench.grpc_bench",
     "amqp": "bench.amqp_bench",
     "mqtt": "bench.mqtt_bench",
+    "lmq": "bench.lmq_bench",
     "spark": "bench.spark_bench",
     "http": "bench.http_bench",
     "replication": "bench.replication_bench",
