@@ -385,6 +385,14 @@ class BrokerController:
         self.journal.append("tdel", {"t": doomed})
 
     def get_topic(self, name: str) -> TopicConfig | None:
+        """A topic's config; an LMQ's only where it was created (hosted) or holds entries."""
+        topics = self.store.topics
+        if is_lmq(name):
+            return topics.hosted(name) or (topics.lmq(name) if self.store.has_queue(name, 0) else None)
+        return topics.get(name)
+
+    def route_config(self, name: str) -> TopicConfig | None:
+        """:meth:`get_topic`, but every LMQ exists on every broker (routes and reads never miss one)."""
         return self.store.topics.get(name)
 
     def list_topics(self, include_system: bool = False) -> list[TopicConfig]:

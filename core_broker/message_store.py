@@ -697,6 +697,9 @@ class MessageStore:
 
     # ------------------------------------------------------------------ admin
 
+    def has_queue(self, topic: str, queue_id: int) -> bool:
+        return (topic, queue_id) in self._cqs
+
     def queued_topics(self) -> set[str]:
         """Every topic with a consume queue here (LMQs exist only through theirs)."""
         return {t for t, _ in list(self._cqs)}

@@ -106,16 +106,21 @@ class TopicConfigManager:
             self._save()
 
     def lmq(self, name: str) -> TopicConfig:
-        """The config of LMQ ``name`` (the same object until it is deleted)."""
+        """The config of LMQ ``name``, noted as hosted here (the same object until deleted)."""
         tc = self._lmqs.get(name)
         if tc is None:
             tc = self._lmqs[name] = TopicConfig(name, queues=1)
         return tc
 
+    def hosted(self, name: str) -> TopicConfig | None:
+        """LMQ ``name``'s config if it was created (hosted) here since the start."""
+        return self._lmqs.get(name)
+
     def get(self, name: str) -> TopicConfig | None:
+        """A topic's config; any LMQ has one (it exists on every broker)."""
         tc = self.topics.get(name)
         if tc is None and name.startswith(LMQ_PREFIX):
-            return self.lmq(name)
+            return self._lmqs.get(name) or TopicConfig(name, queues=1)
         return tc
 
     def require(self, name: str) -> TopicConfig:

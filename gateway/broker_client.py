@@ -171,7 +171,7 @@ class LocalBrokerClient:
         Reused while the topic's config object is the same one (any change replaces it),
         so callers may cache what they derive from a route by its identity.
         """
-        tc = self.broker.get_topic(topic)
+        tc = self.broker.route_config(topic)
         if tc is None:
             return None
         cached = self._routes.get(topic)

@@ -701,8 +701,9 @@ class MessagingProcessor:
         """Make an LMQ known on ``broker`` so its part of the LMQ can be pulled there.
 
         A multi-dispatched message's LMQ entries are written by the broker that stores the
-        message. Every broker now holds every LMQ implicitly (queue 0, no topic-table entry,
-        no route), so this only checks the caller's right; kept for the doors that call it.
+        message. Every broker reads every LMQ (queue 0) without a topic-table entry or a
+        route; hosting notes the LMQ in ``broker``'s memory (no write), so that it names
+        the LMQ as its own (``get_topic``) before an entry arrives there.
         """
         self._check(ctx, Action.CREATE, _TOPIC, name)
         if not is_lmq(name):

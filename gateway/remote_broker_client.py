@@ -234,8 +234,7 @@ class RemoteBrokerClient:
         return tc
 
     async def host_queue(self, broker: str, name: str) -> None:
-        if is_lmq(name):
-            return  # every broker holds every LMQ
+        # an LMQ: noted in that broker's memory only (no write, no route)
         await self._call(broker, "create_topic", TopicConfig(name, queues=1, queue_base=0), True)
         self.invalidate(name)
 
