@@ -263,9 +263,9 @@ class RemoteBrokerClient:
 
     async def delete_topic(self, name: str) -> None:
         if is_lmq(name):  # its parts are wherever messages were dispatched into it
-            for b in await self._brokers(refresh=True):
-                if self._live(b["name"]):
-                    await self._call(b["name"], "delete_topic", name)
+            for info in await self._brokers(refresh=True):
+                if self._live(info["name"]):
+                    await self._call(info["name"], "delete_topic", name)
             return
         for b in await self._hosts(name):
             await self._call(b, "delete_topic", name)
