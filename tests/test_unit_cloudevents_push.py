@@ -377,3 +377,23 @@ async def test_start_resumes_stored_subscriptions_and_skips_unreadable() -> None
     assert proc.kinds() == ["ack"]
     pops = [c for c in proc.calls if c[0] == "pop"]
     assert pops[0][1:3] == ("g", "orders") and pops[0][4] is True  # from_latest for start=latest
+
+
+async def test_a_webhook_that_never_answers_times_out_and_counts_as_failure() -> None:
+    hung: list[asyncio.StreamWriter] = []
+
+    async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        hung.append(w)  # read nothing, answer nothing
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        proc = Processor([_popped()])
+        await _run(proc, _spec(f"http://127.0.0.1:{port}/hook", timeout_s=0.2, max_attempts=2))
+    finally:
+        for w in hung:
+            w.close()
+        server.close()
+        await server.wait_closed()
+    assert proc.kinds() == ["invisible", "dlq"]
+    assert len(hung) == 2  # each attempt reached the webhook
