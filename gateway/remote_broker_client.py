@@ -475,21 +475,32 @@ class RemoteBrokerClient:
         return live or names
 
     async def _kv_fanout(self, method: str, *args: Any) -> list[tuple[str, Any]]:
-        """Call every broker at once; (broker, answer) of those that answered (at least one)."""
-        names = await self._kv_brokers()
-        answers = await asyncio.gather(*(self._call(b, method, *args) for b in names), return_exceptions=True)
-        out = []
-        failure: BaseException | None = None
-        for b, a in zip(names, answers):
-            if isinstance(a, BaseException):
-                if not isinstance(a, PeerUnavailableError):
-                    raise a
-                failure = a
-            else:
-                out.append((b, a))
-        if not out:
-            raise failure or PeerUnavailableError("no broker answered")
-        return out
+        """Call every broker at once; (broker, answer) of those that answered (at least one).
+
+        When none answers, ask again (the nameservers too) for up to ``failover_retry_s``: a
+        gateway starting, or reading its doors' state, while a replicated group's master was
+        just killed finds only the dead master's address until the new one registers. Door
+        state calls are versioned, so a call that reached a broker and is asked again changes
+        nothing."""
+        deadline = time.monotonic() + self.failover_retry_s
+        while True:
+            names = await self._kv_brokers()
+            answers = await asyncio.gather(*(self._call(b, method, *args) for b in names), return_exceptions=True)
+            out = []
+            failure: BaseException | None = None
+            for b, a in zip(names, answers):
+                if isinstance(a, BaseException):
+                    if not isinstance(a, PeerUnavailableError):
+                        raise a
+                    failure = a
+                else:
+                    out.append((b, a))
+            if out:
+                return out
+            if time.monotonic() >= deadline:
+                raise failure or PeerUnavailableError("no broker answered")
+            await asyncio.sleep(0.2)
+            await self._brokers(refresh=True)
 
     def _kv_repair(self, stale: list[str], namespace: str, key: str, version: int, value: bytes | None) -> None:
         for b in stale:
