@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +36,31 @@ TEST_STORE_SIZES = {
     "store.index_slots": 65_536,
     "store.index_entries_per_file": 262_144,
 }
+# The same sizes as flags of `unimq broker` / `unimq cluster up`: a commitlog segment is
+# fallocated at its full size (1 GiB by default), so a test's broker with the defaults holds
+# 1-2 GiB of real blocks, and a run of the suite would need tens of GB of disk.
+TEST_STORE_ARGS = [f"--set={k}={v}" for k, v in TEST_STORE_SIZES.items()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_module_temp_dirs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Remove what a test module left under pytest's base temp once it passed.
+
+    Stores fallocate their segments, so the data dirs of module-scoped servers and clusters
+    (``tmp_path_factory.mktemp``) are real gigabytes; pytest keeps every one of them until
+    the session ends, and CI ran out of disk. ``tmp_path`` dirs of passed tests are removed
+    by ``tmp_path_retention_policy = "failed"``; this does the same for the factory's dirs,
+    after the module's own fixtures (servers) are torn down: autouse fixtures are set up
+    first, so they are torn down last. A module with a failure keeps its dirs to look at.
+    """
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    failed = request.session.testsfailed
+    yield
+    if request.session.testsfailed == failed:
+        for p in set(base.iterdir()) - before:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
 
 
 @pytest.fixture
@@ -88,6 +114,14 @@ def _unimq_command() -> list[str]:
     return [sys.executable, "-m", "unimq"]
 
 
+def _config_sets_segment_size(args: tuple[str, ...] | list[str]) -> bool:
+    for i, a in enumerate(args):
+        path = a.split("=", 1)[1] if a.startswith("--config=") else args[i + 1] if a == "--config" and i + 1 < len(args) else None
+        if path and "commitlog_segment_size" in Path(path).read_text():
+            return True
+    return False
+
+
 @pytest.fixture
 def unimq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., UnimqProcess]]:
     """Factory: ``unimq_server(*extra_args, data_dir=None, timeout=60.0)`` starts `unimq up`.
@@ -108,10 +142,10 @@ def unimq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         for flag in PORT_FLAGS:
             args += [flag, "0"]
         # Test-sized files: the 1 GiB default segments are preallocated, and a suite
-        # starts many servers. A test that brings its own --config decides for itself;
-        # its own --set flags come later and win.
-        if "--config" not in extra_args and not any(a.startswith("--config=") for a in extra_args):
-            args += [f"--set={k}={v}" for k, v in TEST_STORE_SIZES.items()]
+        # starts many servers. A test whose --config sets the segment size decides for
+        # itself; its own --set flags come later and win.
+        if not _config_sets_segment_size(extra_args):
+            args += TEST_STORE_ARGS
         args += list(extra_args)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with stderr_path.open("w") as err:

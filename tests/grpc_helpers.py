@@ -158,6 +158,8 @@ def shared_server(tmp_path_factory: Any, *extra_args: str, timeout: float = 60.0
     args = [*conftest._unimq_command(), "up", "--data-dir", str(data_dir), "--host", "127.0.0.1"]
     for flag in conftest.PORT_FLAGS:
         args += [flag, "0"]
+    if not conftest._config_sets_segment_size(extra_args):
+        args += conftest.TEST_STORE_ARGS
     args += list(extra_args)
 
     with err_path.open("w") as err:

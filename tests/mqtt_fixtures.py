@@ -228,13 +228,16 @@ def start_unimq(tmp_path_factory: Any, *extra: str) -> Any:
     import subprocess
     import sys
 
-    from conftest import LISTEN_LINE, PORT_FLAGS, REPO_ROOT, UnimqProcess, _unimq_command
+    from conftest import (LISTEN_LINE, PORT_FLAGS, REPO_ROOT, TEST_STORE_ARGS, UnimqProcess, _config_sets_segment_size,
+                          _unimq_command)
 
     data_dir = tmp_path_factory.mktemp("unimq-data")
     stderr_path = tmp_path_factory.mktemp("unimq-log") / "stderr.txt"
     args = [*_unimq_command(), "up", "--data-dir", str(data_dir), "--host", "127.0.0.1"]
     for flag in PORT_FLAGS:
         args += [flag, "0"]
+    if not _config_sets_segment_size(extra):
+        args += TEST_STORE_ARGS
     args += list(extra)
     with stderr_path.open("w") as err:
         proc = subprocess.Popen(args, cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import TEST_STORE_ARGS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_cluster_up_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "unimq", "cluster", "up", "--data-dir", str(tmp_path), "--groups", "1",
-         "--replicas", "3", "--http-port", "0", "--grpc-port", "0", "--mqtt-port", "0", "--amqp-port", "0"],
+         "--replicas", "3", "--http-port", "0", "--grpc-port", "0", "--mqtt-port", "0", "--amqp-port", "0",
+         *TEST_STORE_ARGS],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     lines: list[str] = []

@@ -20,6 +20,7 @@ from core_broker.consume_queue import unsafe
 from mqtt_fixtures import Paho, config_file, start_unimq, wait_for
 from nameserver.client import NameserverClient, parse_addresses
 from unimq.local_cluster import Cluster
+from conftest import TEST_STORE_ARGS
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -103,7 +104,7 @@ def test_separated_lmq_parts_on_every_broker_go_with_the_session(tmp_path_factor
     it; the nameservers route no LMQ, no broker's topics.json lists one, and when the
     session is discarded every broker's part is deleted."""
     root = tmp_path_factory.mktemp("lmq-sep")
-    c = Cluster(root, brokers=2, gateways=1, lease_s=4.0, heartbeat_s=1.0).start()
+    c = Cluster(root, brokers=2, gateways=1, lease_s=4.0, heartbeat_s=1.0, extra_broker_args=TEST_STORE_ARGS).start()
     try:
         port = c.gateways[0].ports["mqtt"]
         topics = [f"lsep{i}/x" for i in range(8)]  # eight first levels: spread over the brokers

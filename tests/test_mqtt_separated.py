@@ -17,6 +17,7 @@ import pytest
 
 from gateway.context import RequestContext
 from unimq.local_cluster import Cluster, write_toml
+from conftest import TEST_STORE_ARGS
 from gateway.processor_rpc import RemoteProcessor
 from mqtt_fixtures import Paho
 
@@ -33,7 +34,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # nothing kept in memory for a session that is behind, and a small window: the door
     # reads back from the store, which is what must see every broker's lane
     gw = write_toml(root / "gateway.toml", {"mqtt_mem_queue_bytes": 1, "mqtt_max_inflight": 4}, {})
-    c = Cluster(root, brokers=2, gateways=1, lease_s=4.0, heartbeat_s=1.0, gateway_toml=gw).start()
+    c = Cluster(root, brokers=2, gateways=1, lease_s=4.0, heartbeat_s=1.0, gateway_toml=gw,
+                extra_broker_args=TEST_STORE_ARGS).start()
     yield c
     c.stop()
 

@@ -13,6 +13,7 @@ from gateway.context import RequestContext
 from gateway.processor_rpc import RemoteProcessor
 from nameserver.client import NameserverClient, parse_addresses
 from unimq.local_cluster import Cluster
+from conftest import TEST_STORE_ARGS
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -21,7 +22,7 @@ CTX = RequestContext("test", client_id="separated-tests")
 
 @pytest.fixture
 def cluster(tmp_path):
-    c = Cluster(tmp_path, brokers=2, gateways=2, lease_s=4.0, heartbeat_s=1.0).start()
+    c = Cluster(tmp_path, brokers=2, gateways=2, lease_s=4.0, heartbeat_s=1.0, extra_broker_args=TEST_STORE_ARGS).start()
     yield c
     c.stop()
 

@@ -71,20 +71,34 @@ def test_acked_end_with_the_master_alone_needed_is_unbounded() -> None:
     assert t.acked_end() >= 1 << 62
 
 
-def test_acked_end_is_what_enough_in_sync_replicas_hold() -> None:
+def test_acked_end_is_what_every_in_sync_replica_holds() -> None:
     t = tracker(min_insync=3)
     assert t.acked_end() == 0  # both replicas reported nothing yet
     t.report("r1", written=500, flushed=400, master_end=900)
     t.report("r2", written=300, flushed=300, master_end=900)
-    assert t.acked_end() == 300  # the second best of the two replicas
+    assert t.acked_end() == 300
+    # min_insync_replicas is the floor on the set's size, not how many must hold a put: the
+    # controller may elect any member of the set, so every member must hold what was acked
+    # (the fastest one alone lost acknowledged messages in tests/test_jepsen_replication.py)
     t2 = tracker(min_insync=2)
     t2.report("r1", written=500, flushed=400, master_end=900)
     t2.report("r2", written=300, flushed=300, master_end=900)
-    assert t2.acked_end() == 500  # the best one
+    assert t2.acked_end() == 300
+    t2.set_in_sync(frozenset({MASTER, "r1"}), epoch=2)  # the controller took r2 out of the set
+    assert t2.acked_end() == 500
+
+
+def test_a_member_new_to_the_set_counts_once_it_reports() -> None:
+    t = tracker(min_insync=2, in_sync=frozenset({MASTER, "r1"}))
+    t.report("r1", written=500, flushed=500, master_end=500)
+    t.set_in_sync(frozenset({MASTER, "r1", "r2"}), epoch=2)
+    assert t.acked_end() == -1  # r2 is in the set and holds nothing this master knows of
+    t.report("r2", written=450, flushed=450, master_end=500)
+    assert t.acked_end() == 450
 
 
 def test_under_sync_flush_only_what_a_replica_fdatasynced_counts() -> None:
-    t = tracker(min_insync=2, sync_flush=True)
+    t = tracker(min_insync=2, sync_flush=True, in_sync=frozenset({MASTER, "r1"}))
     t.report("r1", written=500, flushed=200, master_end=500)
     assert t.acked_end() == 200
 
@@ -125,9 +139,10 @@ def test_a_broker_that_is_not_master_refuses_every_write() -> None:
 # --------------------------------------------------------------------------- waiting for acks
 
 
-async def test_wait_returns_at_once_when_enough_replicas_already_hold_the_offset() -> None:
+async def test_wait_returns_at_once_when_every_in_sync_replica_already_holds_the_offset() -> None:
     t = tracker()
     t.report("r1", written=100, flushed=100, master_end=100)
+    t.report("r2", written=100, flushed=100, master_end=100)
     await asyncio.wait_for(t.wait(100), 1)
     await asyncio.wait_for(tracker(min_insync=1).wait(10**12), 1)
 
@@ -136,7 +151,10 @@ async def test_waits_are_released_in_offset_order_as_replicas_report() -> None:
     t = tracker()
     waits = {end: asyncio.create_task(t.wait(end)) for end in (300, 100, 200)}
     await asyncio.sleep(0)
-    t.report("r2", written=250, flushed=250, master_end=300)
+    t.report("r2", written=300, flushed=300, master_end=300)
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waits.values())  # r1 holds none of them yet
+    t.report("r1", written=250, flushed=250, master_end=300)
     await asyncio.sleep(0)
     assert waits[100].done() and waits[200].done()
     assert not waits[300].done()
@@ -145,7 +163,7 @@ async def test_waits_are_released_in_offset_order_as_replicas_report() -> None:
 
 
 async def test_under_sync_flush_a_written_but_not_fdatasynced_offset_is_not_acked() -> None:
-    t = tracker(sync_flush=True)
+    t = tracker(sync_flush=True, in_sync=frozenset({MASTER, "r1"}))
     w = asyncio.create_task(t.wait(100))
     await asyncio.sleep(0)
     t.report("r1", written=100, flushed=50, master_end=100)
@@ -156,12 +174,22 @@ async def test_under_sync_flush_a_written_but_not_fdatasynced_offset_is_not_acke
 
 
 async def test_a_replica_joining_the_in_sync_set_releases_what_it_already_holds() -> None:
-    t = tracker(in_sync=frozenset({MASTER, "r1"}))
+    t = tracker(min_insync=2, in_sync=frozenset({MASTER}))
     t.report("r2", written=500, flushed=500, master_end=500)  # holds it, but is not in sync
     w = asyncio.create_task(t.wait(500))
     await asyncio.sleep(0)
     assert not w.done()
-    t.set_in_sync(frozenset({MASTER, "r1", "r2"}), epoch=2)
+    t.set_in_sync(frozenset({MASTER, "r2"}), epoch=2)
+    await asyncio.wait_for(w, 5)
+
+
+async def test_a_lagging_replica_leaving_the_in_sync_set_releases_what_the_rest_hold() -> None:
+    t = tracker()
+    t.report("r1", written=500, flushed=500, master_end=500)
+    w = asyncio.create_task(t.wait(500))
+    await asyncio.sleep(0)
+    assert not w.done()  # r2 is in the set and silent
+    t.set_in_sync(frozenset({MASTER, "r1"}), epoch=2)  # the controller agreed to drop it
     await asyncio.wait_for(w, 5)
 
 
@@ -183,7 +211,7 @@ async def test_a_put_not_acked_within_the_timeout_fails_retriably() -> None:
 
 
 async def test_the_timeout_fails_only_the_expired_waits() -> None:
-    t = tracker(ack_timeout_s=0.2)
+    t = tracker(ack_timeout_s=0.2, in_sync=frozenset({MASTER, "r1"}))
     old = asyncio.create_task(t.wait(100))
     await asyncio.sleep(0)
     t.ack_timeout_s = 30.0  # a later put gets a deadline far away

@@ -35,6 +35,8 @@ def add_parser(actions: Any) -> None:
     for door, port in (("http", 8080), ("grpc", 8081), ("mqtt", 1883), ("amqp", 5672)):
         up.add_argument(f"--{door}-port", type=int, default=port, help=f"the gateway's {door} door (default {port})")
     up.add_argument("--mqtt-ws-port", type=int, default=-1, help="MQTT over WebSocket (default off)")
+    up.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting for every broker, as `unimq broker --set` (repeatable)")
 
 
 def _free_port() -> int:
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
             (f"g{g + 1}-b{m + 1}", ["broker", "--data-dir", str(root / f"g{g + 1}-b{m + 1}"), "--port", "0",
                                     "--namesrv", namesrv, "--group", f"g{g + 1}", "--broker-id", f"b{m + 1}",
                                     "--controller-addr", controllers, "--flush", args.flush,
-                                    "--min-insync-replicas", str(args.min_insync_replicas), "--heartbeat-s", "2"])
+                                    "--min-insync-replicas", str(args.min_insync_replicas), "--heartbeat-s", "2",
+                                    *(f"--set={kv}" for kv in args.sets)])
             for g in range(args.groups) for m in range(args.replicas)
         ])
         procs += brokers

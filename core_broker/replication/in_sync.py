@@ -2,12 +2,27 @@
 
 Replicas report how far they have written (and, under sync flush, fdatasynced)
 the log with every fetch. A put ending at offset E may be acknowledged once
-``min_insync_replicas`` members of the in-sync set hold E, the master counting
-as one (its own flush is the DurabilityPolicy's first condition). With fewer
-in-sync members than that, puts are refused before they are written
+*every* member of the in-sync set holds E (Kafka's ``acks=all``; RocketMQ's
+``allAckInSyncStateSet``), the master's own flush being the DurabilityPolicy's
+first condition; ``min_insync_replicas`` is the floor on the set's size. With
+fewer in-sync members than that, puts are refused before they are written
 (:meth:`InSyncTracker.check_writable`), and a put whose acknowledgements do not
 come within ``ack_timeout_s`` fails with the same retriable error: it may exist
 on some members, but no client was told it is stored.
+
+Why every member and not any ``min_insync_replicas`` of them: the controller
+may elect any live member of the set, so each one must hold every acknowledged
+message. Counting only the fastest members lost acknowledged messages in the
+Jepsen test: a master cut off from the controller (but not from its replicas)
+went on writing while the controller elected another member; the replica that
+had not been elected acknowledged those writes, and then cut them to follow
+the new master. Now such a write needs the newly elected member too, which
+stops fetching once it learns it is master, and the cut-off master cannot
+shrink the set without the controller (compare-and-set on the set's epoch), so
+the write is never acknowledged. A slow member costs latency until it is
+dropped from the set (``lag_max_ms``), as in Kafka. ``min_insync_replicas = 1``
+keeps its meaning: the master alone acknowledges (``acks=1``), and a failover
+may lose what replicas had not fetched.
 
 The in-sync set itself belongs to the controller (compare-and-set on its epoch);
 this class only proposes changes (:meth:`proposal`): a member silent or behind
@@ -88,16 +103,15 @@ class InSyncTracker:
         return p.flushed if self.sync_flush else p.written
 
     def acked_end(self) -> int:
-        """The highest offset min_insync members hold (the master holds everything)."""
+        """The highest offset every in-sync member holds (the master holds everything)."""
         need = self.min_insync - 1
         if need <= 0:
             return 1 << 62
-        held = sorted(
-            (self._held(p) for b, p in self.progress.items()
-             if b in self.in_sync and b != self.self_id and b not in self.async_replicas),
-            reverse=True,
-        )
-        return held[need - 1] if len(held) >= need else -1
+        held = [
+            self._held(p) if (p := self.progress.get(b)) is not None else -1
+            for b in self.in_sync if b != self.self_id and b not in self.async_replicas
+        ]
+        return min(held) if len(held) >= need else -1
 
     # -- the ReplicaCondition the store's DurabilityPolicy asks
     def check_writable(self) -> None:
