@@ -23,11 +23,11 @@ from pathlib import Path
 
 try:
     from . import Context, Row
-    from .mqtt_bench import HOST, connect_pkt, publish_pkt, subscribe_pkt
+    from .mqtt_bench import HOST, connect_pkt, publish_pkt, scan_packets, subscribe_pkt
     from .procs import UnimqChild, stop_group
 except ImportError:  # run as a script
     from bench import Context, Row  # type: ignore[no-redef]
-    from bench.mqtt_bench import HOST, connect_pkt, publish_pkt, subscribe_pkt  # type: ignore[no-redef]
+    from bench.mqtt_bench import HOST, connect_pkt, publish_pkt, scan_packets, subscribe_pkt  # type: ignore[no-redef]
     from bench.procs import UnimqChild, stop_group  # type: ignore[no-redef]
 
 NAME = "lmq"
@@ -55,32 +55,19 @@ class _Sub(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf + data
-        i, n, acks = 0, len(buf), []
-        while n - i >= 2:
-            j, rl, shift = i + 1, 0, 0
-            while True:
-                if j >= n:
-                    rl = -1
-                    break
-                b = buf[j]
-                j += 1
-                rl |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
-            if rl < 0 or j + rl > n:
-                break
-            kind = buf[i] >> 4
+        acks = []
+        packets, i = scan_packets(buf)
+        for b0, j, _ in packets:
+            kind = b0 >> 4
             if kind == 9:
                 self.subacks += 1
                 if self.subacks == len(self.topics) and not self.ready.done():
                     self.ready.set_result(None)
             elif kind == 3:
                 self.delivered += 1
-                if buf[i] & 6:
+                if b0 & 6:
                     p = j + 2 + ((buf[j] << 8) | buf[j + 1])
                     acks.append(b"\x40\x02" + buf[p : p + 2])
-            i = j + rl
         self.buf = buf[i:]
         if acks:
             self.transport.write(b"".join(acks))  # type: ignore[union-attr]

@@ -107,6 +107,32 @@ def publish_pkt(topic: str, payload: bytes, qos: int, pid: int = 0) -> bytes:
 # ------------------------------------------------------------------------------ protocols
 
 
+def scan_packets(buf: bytes) -> tuple[list[tuple[int, int, int]], int]:
+    """The whole MQTT packets at the start of ``buf`` as (first byte, body start, end), and
+    where the first incomplete one starts (the clients keep ``buf[that:]`` for later)."""
+    n = len(buf)
+    i = 0
+    out = []
+    while n - i >= 2:
+        j = i + 1
+        rl = 0
+        shift = 0
+        while True:
+            if j >= n:
+                return out, i
+            b = buf[j]
+            j += 1
+            rl |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                break
+        if j + rl > n:
+            break
+        out.append((buf[i], j, j + rl))
+        i = j + rl
+    return out, i
+
+
 class Client(asyncio.Protocol):
     """Connects, optionally subscribes, then counts/acks what it receives."""
 
@@ -176,28 +202,11 @@ class Client(asyncio.Protocol):
 
     def _parse(self, data: bytes) -> None:
         buf = self.buf + data if self.buf else data
-        n = len(buf)
-        i = 0
         acks = []
         lat = self.lat
         now = time.perf_counter_ns() if self.latency else 0
-        while n - i >= 2:
-            b0 = buf[i]
-            j = i + 1
-            rl = 0
-            shift = 0
-            while True:
-                if j >= n:
-                    rl = -1
-                    break
-                b = buf[j]
-                j += 1
-                rl |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
-            if rl < 0 or j + rl > n:
-                break
+        packets, i = scan_packets(buf)
+        for b0, j, _ in packets:
             t = b0 >> 4
             if t == 3:
                 self.delivered += 1
@@ -210,7 +219,6 @@ class Client(asyncio.Protocol):
                     lat.append(now - _Q.unpack_from(buf, p)[0])
             elif t == 4:
                 self.acks += 1
-            i = j + rl
         self.buf = buf[i:]
         if acks:
             self.transport.write(b"".join(acks))  # type: ignore[union-attr]
