@@ -618,6 +618,28 @@ class BrokerController:
             m.properties = public_properties(m.properties)
         return r
 
+    def _compacted(self, topic: str, queue_id: int | None = None) -> None:
+        tc = self.store.topics.get(topic)
+        if tc is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        if tc.message_type != MessageType.COMPACTED:
+            raise BadRequestError(f"topic {topic!r} is {tc.message_type.value}, not COMPACTED")
+        if queue_id is not None and queue_id not in tc.queue_ids:
+            raise BadRequestError(f"topic {topic!r} has no queue {queue_id}")
+
+    async def read_table(self, topic: str, queue_id: int, offset: int, max_count: int) -> GetResult:
+        """A compacted queue read as a table: the latest message of each key from ``offset``."""
+        self._compacted(topic, queue_id)
+        r = await asyncio.to_thread(self.store.compaction.table, topic, queue_id, offset, max(1, max_count))
+        for m in r.messages:
+            m.properties = public_properties(m.properties)
+        return r
+
+    async def compact_topic(self, topic: str) -> dict:
+        """Compact a compacted topic's queues now, as far as they can go (the admin trigger)."""
+        self._compacted(topic)
+        return await asyncio.to_thread(self.store.compaction.compact_now, topic)
+
     def pull_raw(
         self, topic: str, queue_id: int, offset: int, max_count: int
     ) -> tuple[bytes, memoryview, int, str, int, int] | None:

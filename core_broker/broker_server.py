@@ -37,7 +37,7 @@ REMOTE_METHODS = [
     "describe_topic", "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
     "commit_offset", "get_offset", "query_offset", "query_by_id", "query_by_key", "kv_put", "kv_get",
     "kv_items", "kv_get_versioned", "kv_items_versioned", "poll_transaction_checks", "transaction_check_outcome",
-    "consumer_lag", "store_stats", "repl_hello", "repl_fetch", "repl_state",
+    "consumer_lag", "store_stats", "repl_hello", "repl_fetch", "repl_state", "read_table", "compact_topic",
 ]
 # What a replica (or a group member with no role yet) answers; everything else is its master's.
 REPLICA_METHODS = frozenset({"ping", "repl_hello", "repl_fetch", "repl_state"})
@@ -280,6 +280,12 @@ class BrokerServer:
         return get_result_to_block(
             await self.controller.pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)
         )
+
+    async def read_table(self, topic, queue_id, offset, max_count) -> bytes:
+        return get_result_to_block(await self.controller.read_table(topic, queue_id, offset, max_count))
+
+    async def compact_topic(self, topic) -> dict:
+        return await self.controller.compact_topic(topic)
 
     async def commit_offset(self, group, topic, queue_id, offset):
         await self.controller.commit_offset(group, topic, queue_id, offset)

@@ -76,9 +76,20 @@ class StoreConfig:
     tier_read_threads: int = 2
     tier_read_block_bytes: int = 1 << 20
     tier_read_cache_bytes: int = 64 << 20
+    # Compacted topics (core_broker/compaction.py): how often the cleaner looks for a queue whose
+    # dirty share passed the ratio, the topics' defaults for the ratio and for how long a delete
+    # marker is kept, the most keys one pass maps (memory: ~100 bytes each), and a cap on the bytes
+    # a pass reads per second (0: none).
+    compaction_check_interval_s: float = 10.0
+    compaction_min_cleanable_dirty_ratio: float = 0.5
+    compaction_delete_retention_ms: int = 24 * 3600 * 1000
+    compaction_map_entries: int = 1_000_000
+    compaction_max_bytes_per_s: int = 0
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
+        if not 0 <= self.compaction_min_cleanable_dirty_ratio <= 1 or self.compaction_map_entries < 1:
+            raise ValueError("compaction_min_cleanable_dirty_ratio must be in [0, 1], compaction_map_entries >= 1")
         self.flush = FlushMode(self.flush)
         self.commitlog_warmup = Warmup(self.commitlog_warmup)
         if self.commitlog_segment_size < 4096:

@@ -69,6 +69,12 @@ class InvalidArgumentError(BadRequestError, ValueError):
     code = "BAD_REQUEST"
 
 
+class MessageKeyRequiredError(BadRequestError):
+    """A message without a key sent to a compacted topic (which keeps the latest message per key)."""
+
+    code = "ILLEGAL_MESSAGE_KEY"
+
+
 class IllegalFilterExpressionError(BadRequestError):
     code = "ILLEGAL_FILTER_EXPRESSION"
 

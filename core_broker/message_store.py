@@ -34,8 +34,9 @@ from typing import Callable, Iterable, Protocol, Sequence
 from . import record
 from . import log_copy
 from .commitlog import CommitLog
+from .compaction import Compactor
 from .config import FlushMode, StoreConfig
-from .consume_queue import ENTRY as CQ_ENTRY, ENTRY_SIZE, LMQ_CQ_ENTRIES, ConsumeQueue, unsafe
+from .consume_queue import ENTRY as CQ_ENTRY, ENTRY_SIZE, LMQ_CQ_ENTRIES, ConsumeQueue, _safe, unsafe
 from .errors import (
     CorruptRecordError,
     StoreClosedError,
@@ -114,6 +115,8 @@ class MessageStore:
         # The tiered storage, when on (core_broker.tier, attached by the broker): retention
         # deletes a segment only once the tier confirms its upload.
         self.tier: SegmentKeeper | None = None
+        # Compacted topics' logs and cleaner (core_broker/compaction.py); a keeper for retention too.
+        self.compaction = Compactor(self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -133,6 +136,7 @@ class MessageStore:
         self.commitlog.load()
         self.index.load()
         self._load_consume_queues()
+        self.compaction.load()
         cut = log_copy.resume_truncation(self)  # before recovery: never serve bytes being cut
         if cut is not None:
             log.warning("finished a truncation a crash interrupted: the log ends at %d at most", cut)
@@ -155,6 +159,7 @@ class MessageStore:
         self._hk_stop.clear()
         self._housekeeping = threading.Thread(target=self._housekeeping_loop, name="unimq-housekeeping", daemon=True)
         self._housekeeping.start()
+        self.compaction.start()
 
     def shutdown(self) -> None:
         """Flush everything, write a clean checkpoint, remove the abort marker."""
@@ -163,6 +168,7 @@ class MessageStore:
         with self._lock:
             self._running = self.appender.open = False
         self._hk_stop.set()
+        self.compaction.stop()
         if self._housekeeping is not None:
             self._housekeeping.join()
         if self._flush is not None:
@@ -497,8 +503,14 @@ class MessageStore:
         disk, which is why the gateway's pull path may run this on a thread.
         ``read`` replaces how a record becomes a message (the tier's: a link whose
         origin left the local disk is resolved from the object store); an exception
-        it raises other than a missing or corrupt record ends the get.
+        it raises other than a missing or corrupt record ends the get. Offsets below a compacted
+        queue's boundary are read from its compacted log (``compaction.py``).
         """
+        if (topic, queue_id) in self.compaction.gens:
+            r = self.compaction.get(topic, queue_id, offset, max_count, msg_filter,
+                                    lambda o, n: self.get(topic, queue_id, o, n, msg_filter, read))
+            if r is not None:
+                return r
         cq = self._cqs.get((topic, queue_id))
         if cq is None or cq.max_offset == 0:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], 0 if offset <= 0 else offset, 0, 0)
@@ -558,7 +570,7 @@ class MessageStore:
         None when :meth:`get` must be used: offset not in ``[min, max)``, data gone to retention.
         """
         cq = self._cqs.get((topic, queue_id))
-        if cq is None or not cq.min_offset <= offset < cq.max_offset:
+        if cq is None or not max(cq.min_offset, self.compaction.boundary(topic, queue_id)) <= offset < cq.max_offset:
             return None
         esize = CQ_ENTRY.size
         unpack = CQ_ENTRY.unpack_from
@@ -628,7 +640,8 @@ class MessageStore:
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         cq = self._cqs.get((topic, queue_id))
-        return cq.min_offset if cq else 0
+        compacted = self.compaction.min_offset(topic, queue_id)
+        return compacted if compacted is not None else cq.min_offset if cq else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         cq = self._cqs.get((topic, queue_id))
@@ -713,8 +726,9 @@ class MessageStore:
                 cq = self._cqs.pop(key, None)
                 if cq is not None:
                     cq.destroy()
-        shutil.rmtree(self._cq_root / ConsumeQueueDir.name_of(topic), ignore_errors=True)
+        shutil.rmtree(self._cq_root / _safe(topic), ignore_errors=True)
         self.offsets.delete_topic(topic)
+        self.compaction.drop(topic)
 
     # ------------------------------------------------------------------ retention
 
@@ -744,10 +758,10 @@ class MessageStore:
         horizon = now - self.config.retention_hours * 3600
         files = self.commitlog.files.files
         n = 0
-        tier = self.tier
+        keepers = [k for k in (self.tier, self.compaction) if k is not None]
         for mf in files[:-1]:  # never the segment being written
-            if tier is not None and not tier.may_delete(mf):
-                break  # not in the tier yet: keep it (and every later one) until it is
+            if not all(k.may_delete(mf) for k in keepers):
+                break  # not in the tier yet, or a compacted queue needs it: keep it and every later one
             try:
                 mtime = os.stat(mf.path).st_mtime
             except FileNotFoundError:
@@ -767,16 +781,6 @@ class MessageStore:
             self.index.drop_before_phys(new_min)
         log.info("retention removed %d commitlog segment(s); log now starts at %d", n, new_min)
         return n
-
-
-class ConsumeQueueDir:
-    """Directory naming of consume queues (shared with ConsumeQueue)."""
-
-    @staticmethod
-    def name_of(topic: str) -> str:
-        from .consume_queue import _safe
-
-        return _safe(topic)
 
 
 def iter_messages(store: MessageStore, topic: str, queue_id: int, start: int = 0) -> Iterable[StoredMessage]:

@@ -16,6 +16,7 @@ class MessageType(str, enum.Enum):
     FIFO = "FIFO"
     DELAY = "DELAY"
     TRANSACTION = "TRANSACTION"
+    COMPACTED = "COMPACTED"  # a topic type: keeps, eventually, the latest message per key
 
 
 class Protocol(str, enum.Enum):

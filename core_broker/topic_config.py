@@ -65,8 +65,17 @@ def validate_topic_name(name: str) -> None:
 
 def validate_attributes(attributes: dict) -> dict[str, str]:
     """Topic attributes as strings; a known one must hold what it means (``tier_retention_hours``:
-    hours >= 0, 0 keeping a topic in the tier for ever)."""
+    hours >= 0, 0 keeping a topic in the tier for ever; a compacted topic's
+    ``min_cleanable_dirty_ratio`` in [0, 1] and ``delete_retention_ms`` >= 0)."""
     attrs = {str(k): str(v) for k, v in attributes.items()}
+    for name, top in (("min_cleanable_dirty_ratio", 1.0), ("delete_retention_ms", math.inf)):
+        v = attrs.get(name)
+        try:
+            ok = v is None or 0 <= float(v) <= top
+        except ValueError:
+            ok = False
+        if not ok:
+            raise BadRequestError(f"{name} must be a number from 0 to {top}, not {v!r}")
     hours = attrs.get("tier_retention_hours")
     if hours is not None:
         try:

@@ -125,6 +125,7 @@ ACCEPTED_MESSAGE_TYPES: dict[MessageType, set[MessageType]] = {
     MessageType.FIFO: {MessageType.FIFO, MessageType.NORMAL},
     MessageType.DELAY: {MessageType.DELAY, MessageType.NORMAL},
     MessageType.TRANSACTION: {MessageType.TRANSACTION},
+    MessageType.COMPACTED: {MessageType.NORMAL},  # and each message needs a key (send_plan.py)
 }
 
 
@@ -199,6 +200,12 @@ class ProcessorCalls(Protocol):
     ) -> int: ...
 
     async def query_route(self, ctx: RequestContext, topic: str) -> TopicRoute: ...
+
+    async def read_table(
+        self, ctx: RequestContext, topic: str, queue_id: int, offset: int = 0, max_count: int = 256
+    ) -> GetResult: ...
+
+    async def compact_topic(self, ctx: RequestContext, topic: str) -> dict: ...
 
     async def create_topic(
         self, ctx: RequestContext, name: str, queues: int | None = None,

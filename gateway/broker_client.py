@@ -125,6 +125,8 @@ class BrokerClient(Protocol):
     async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None: ...
     async def get_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None: ...
     async def query_offset(self, broker: str, topic: str, queue_id: int, policy: str, timestamp_ms: int) -> int: ...
+    async def read_table(self, broker: str, topic: str, queue_id: int, offset: int, max_count: int) -> GetResult: ...
+    async def compact_topic(self, broker: str, topic: str) -> dict: ...
 
     # -- query
     async def query_by_id(self, message_id: str) -> StoredMessage | None: ...
@@ -261,6 +263,12 @@ class LocalBrokerClient:
 
     async def query_offset(self, broker: str, topic: str, queue_id: int, policy: str, timestamp_ms: int) -> int:
         return await self._check(broker).query_offset_async(topic, queue_id, policy, timestamp_ms)
+
+    async def read_table(self, broker: str, topic: str, queue_id: int, offset: int, max_count: int) -> GetResult:
+        return await self._check(broker).read_table(topic, queue_id, offset, max_count)
+
+    async def compact_topic(self, broker: str, topic: str) -> dict:
+        return await self._check(broker).compact_topic(topic)
 
     # -- query
     async def query_by_id(self, message_id: str) -> StoredMessage | None:

@@ -17,14 +17,8 @@ import time
 from typing import Callable, Sequence
 
 from core_broker.broker_controller import TopicStats
-from core_broker.errors import (
-    BadRequestError,
-    BrokerWriteBlockedError,
-    InvalidArgumentError,
-    MessageTooLargeError,
-    TopicNotFoundError,
-    UnimqError,
-)
+from core_broker.errors import (BadRequestError, BrokerWriteBlockedError, InvalidArgumentError, MessageTooLargeError,
+                                 TopicNotFoundError, UnimqError)
 from core_broker.remoting.client import PeerUnavailableError
 from core_broker.filter import compile_filter
 from core_broker.model import FilterExpression, GetResult, Message, MessageType, StoredMessage
@@ -607,6 +601,20 @@ class MessagingProcessor:
             self.metrics.inc_topic("messages_out", ctx.protocol, topic, len(r.messages))
         return r
 
+    async def read_table(
+        self, ctx: RequestContext, topic: str, queue_id: int, offset: int = 0, max_count: int = 256
+    ) -> GetResult:
+        """A COMPACTED topic's queue as a table: the latest message of each key from ``offset``."""
+        self._check(ctx, _SUB, _TOPIC, topic)
+        b = await self._queue_broker(ctx, topic, queue_id, None)
+        return await self.broker.read_table(b, topic, queue_id, offset, max_count)
+
+    async def compact_topic(self, ctx: RequestContext, topic: str) -> dict:
+        """Compact a COMPACTED topic now, on every broker of it (the admin trigger)."""
+        self._check(ctx, Action.ADMIN, _TOPIC, topic)
+        done = [await self.broker.compact_topic(b, topic) for b in (await self._route(ctx, topic)).brokers]
+        return {k: sum(d[k] for d in done) for k in ("passes", "queues", "removed")}
+
     async def pull_arrow(
         self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int = 32,
         filter_expression: FilterExpression | None = None, wait_ms: int = 0,
@@ -690,7 +698,7 @@ class MessagingProcessor:
             mtype = MessageType(message_type)
         except ValueError:
             raise InvalidArgumentError(
-                f"unknown topic type {message_type!r}: one of NORMAL, FIFO, DELAY, TRANSACTION"
+                f"unknown topic type {message_type!r}: one of NORMAL, FIFO, DELAY, TRANSACTION, COMPACTED"
             ) from None
         attrs = validate_attributes(attributes or {})
         tc = TopicConfig(name, queues=self.config.default_queue_count if queues is None else queues, message_type=mtype,

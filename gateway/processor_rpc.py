@@ -55,7 +55,7 @@ register_ext(35, TopicRoute, lambda r: [r.config, r.queues], lambda f: TopicRout
 _CHECK_METHODS = ("poll_transaction_checks", "confirm_transaction_checks")
 #: What the processor RPC serves: exactly the processor API's calls (gateway/api.py), plus the checks.
 PROCESSOR_METHODS = [*CALLS, *_CHECK_METHODS]
-_OWN_METHODS = (*_CHECK_METHODS, "send", "pop", "pull")  # the facade's own code, not a pass-through
+_OWN_METHODS = (*_CHECK_METHODS, "send", "pop", "pull", "read_table")  # the facade's own code, not a pass-through
 _CALL_SET = frozenset(CALLS)
 
 
@@ -81,6 +81,7 @@ class ProcessorRpcFacade:
                 setattr(self, name, getattr(processor, name))
         self._processor = processor
         self._send, self._pop, self._pull = processor.send, processor.pop, processor.pull
+        self._table = processor.read_table
         self._checks: dict[str, asyncio.Queue] = {}  # per namespace of the pollers
         self._last_poll: dict[str, float] = {}
         self._waiting: dict[str, list[asyncio.Future]] = {}  # tid -> futures of checks handed out
@@ -98,6 +99,9 @@ class ProcessorRpcFacade:
 
     async def pull(self, *args: Any, **kwargs: Any) -> bytes:
         return get_result_to_block(await self._pull(*args, **kwargs))
+
+    async def read_table(self, *args: Any, **kwargs: Any) -> bytes:
+        return get_result_to_block(await self._table(*args, **kwargs))
 
     async def _queue_check(self, topic: str, group: str, message: Any, tid: str) -> bool:
         ns = namespace_of(topic)
@@ -248,6 +252,9 @@ class RemoteProcessor:
 
     async def pull(self, *args: Any, **kwargs: Any) -> Any:
         return get_result_from_block(await self._invoke("pull", *args, **kwargs))
+
+    async def read_table(self, *args: Any, **kwargs: Any) -> Any:
+        return get_result_from_block(await self._invoke("read_table", *args, **kwargs))
 
     def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> "asyncio.Future[None]":
         """Acks with the same context, group and topic issued in one event-loop turn (a

@@ -421,6 +421,12 @@ class RemoteBrokerClient:
     async def query_offset(self, broker: str, topic: str, queue_id: int, policy: str, timestamp_ms: int) -> int:
         return await self._call(broker, "query_offset", topic, queue_id, policy, timestamp_ms)
 
+    async def read_table(self, broker: str, topic: str, queue_id: int, offset: int, max_count: int) -> GetResult:
+        return get_result_from_block(await self._call(broker, "read_table", topic, queue_id, offset, max_count))
+
+    async def compact_topic(self, broker: str, topic: str) -> dict:
+        return await self._call(broker, "compact_topic", topic, rpc_timeout=3600.0)
+
     async def query_by_id(self, message_id: str) -> StoredMessage | None:
         # Ask the brokers we know; when none has it, ask the nameservers again and try the
         # brokers not asked yet: a list cached while a cluster restarted may lack a broker

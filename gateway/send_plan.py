@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from crc32c import crc32c
 
+from core_broker.errors import MessageKeyRequiredError
 from core_broker.model import Message, MessageType
 
 from .api import ACCEPTED_MESSAGE_TYPES, NoWritableQueueError
@@ -22,6 +23,21 @@ from .broker_client import QueueRoute, TopicRoute
 # clients'; past the bound the prefix test just runs every time.
 PLAIN_KEYS: set[str] = set()
 PLAIN_KEYS_MAX = 4096
+# A compacted topic's messages are placed by key; an MQTT publish (and an AMQP publish to
+# amq.topic) without a key of its own is keyed by its MQTT topic name, as retained messages are.
+MQTT_TOPIC = "mqtt_topic"
+
+
+def compaction_key(m: Message) -> str:
+    """The key of a message sent to a compacted topic (set on it when the MQTT topic stands in)."""
+    if m.keys:
+        return next(iter(m.keys))
+    key = (m.properties or {}).get(MQTT_TOPIC)
+    if not key:
+        raise MessageKeyRequiredError(
+            f"topic {m.topic!r} is COMPACTED: every message needs a key (the latest message of each key is kept)")
+    m.keys = (key,)
+    return key
 
 
 def message_type_of(msg: Message, transactional: bool) -> MessageType:
@@ -36,9 +52,10 @@ def message_type_of(msg: Message, transactional: bool) -> MessageType:
 
 class TopicPlan:
     """One topic of a send call: its route, the message types it takes (as plain strings:
-    a str hash is cached, an enum's is not), and its round-robin position."""
+    a str hash is cached, an enum's is not), and its round-robin position. ``fifo``: every
+    message's queue is chosen by :meth:`select` (a FIFO topic by group, a compacted one by key)."""
 
-    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "rr")
+    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "keyed", "rr")
 
     def __init__(self, route: TopicRoute, rr: int) -> None:
         self.route = route
@@ -46,13 +63,16 @@ class TopicPlan:
         self.accepts = frozenset(t.value for t in ACCEPTED_MESSAGE_TYPES[mtype])
         self.writable = route.writable
         self.nw = len(self.writable)
-        self.fifo = mtype == MessageType.FIFO
+        self.keyed = mtype == MessageType.COMPACTED
+        self.fifo = mtype == MessageType.FIFO or self.keyed
         self.rr = rr
 
     def select(self, m: Message) -> QueueRoute:
         nw = self.nw
         if not nw:
             raise NoWritableQueueError(f"topic {self.route.config.name!r} has no writable queue")
+        if self.keyed:  # one key, one queue: the queue keeps its latest message
+            return self.writable[crc32c(compaction_key(m).encode()) % nw]
         if self.fifo and m.message_group:
             return self.writable[crc32c(m.message_group.encode()) % nw]
         n = self.rr
@@ -65,6 +85,8 @@ def select_queue(route: TopicRoute, msg: Message, rr: dict[str, int]) -> QueueRo
     writable = route.writable
     if not writable:
         raise NoWritableQueueError(f"topic {route.config.name!r} has no writable queue")
+    if route.config.message_type == MessageType.COMPACTED:
+        return writable[crc32c(compaction_key(msg).encode()) % len(writable)]
     if msg.message_group and route.config.message_type == MessageType.FIFO:
         return writable[crc32c(msg.message_group.encode()) % len(writable)]
     n = rr.get(route.config.name, 0)

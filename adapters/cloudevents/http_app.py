@@ -10,7 +10,8 @@ Why routers per concern: each concern is its own module with its own
 ``APIRouter`` (``http_ops``: health, metrics, docs; ``http_topics``: topic
 admin; ``http_ingest``: CloudEvents and plain messages in; ``http_pop``: pop,
 ack, invisible time; ``http_read``: reads by offset, Arrow pages, a topic
-merged, events by id; ``http_push``: push subscriptions), sharing what they
+merged, events by id; ``http_table``: a compacted topic as a table, compact now;
+``http_push``: push subscriptions), sharing what they
 read from a request (``http_request``), what they answer (``http_responses``),
 their documented shapes (``http_models``) and the error contract
 (``http_errors``). :func:`create_app` only composes them, in an order that
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI
 
-from . import http_ingest, http_ops, http_pop, http_push, http_read, http_topics
+from . import http_ingest, http_ops, http_pop, http_push, http_read, http_table, http_topics
 from .http_errors import STATUS_OF_CODE, install_error_handlers
 from .http_request import Deps
 from .http_responses import send_json, send_list_json
@@ -84,6 +85,7 @@ def create_app(state: ServerState[Any]) -> FastAPI:
         ingest,
         http_pop.router(deps),
         http_read.router(deps),
+        http_table.router(deps),
         http_topics.named_router(deps),
         http_push.router(deps, push),
     ):

@@ -20,10 +20,12 @@ class TopicCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=255, description="topic name")
     queues: int = Field(8, ge=1, le=1024, description="number of message queues")
-    type: Literal["NORMAL", "FIFO", "DELAY", "TRANSACTION", "normal", "fifo", "delay", "transaction"] = "NORMAL"
+    type: Literal["NORMAL", "FIFO", "DELAY", "TRANSACTION", "COMPACTED",
+                  "normal", "fifo", "delay", "transaction", "compacted"] = "NORMAL"
     attributes: dict[str, str] = Field(
         default_factory=dict,
-        description="topic attributes, kept with a new topic: `tier_retention_hours` (hours in the tier, 0 for ever)",
+        description="topic attributes, kept with a new topic: `tier_retention_hours` (hours in the tier, 0 for ever); "
+                    "a COMPACTED topic's `min_cleanable_dirty_ratio` and `delete_retention_ms`",
     )
 
 

@@ -23,7 +23,7 @@ from typing import Any
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
 # Set once in a shell instead of --endpoint on every command (as kubectl's KUBECONFIG or mc's MC_HOST_*).
 ENDPOINT_ENV = "UNIMQ_ENDPOINT"
-TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
+TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "COMPACTED")
 
 
 def add_parser(sub: Any) -> None:
@@ -51,13 +51,17 @@ def add_parser(sub: Any) -> None:
     create.add_argument("name")
     create.add_argument("--queues", type=int, default=8, help="number of queues (default: 8)")
     create.add_argument("--type", default="NORMAL", type=str.upper, choices=TYPES,
-                        help="message type (default: NORMAL)")
+                        help="message type (default: NORMAL); COMPACTED keeps the latest message per key")
+    create.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
+                        help="a topic attribute, repeatable: tier_retention_hours, delete_retention_ms, ...")
     lst = actions.add_parser("list", parents=[shared], help="list topics with their queues' offsets")
     lst.add_argument("--all", action="store_true", help="include system topics (%%DLQ%%, %%RETRY%%, ...)")
     describe = actions.add_parser("describe", parents=[shared], help="a topic's type and each queue's min/max offsets")
     describe.add_argument("name")
     delete = actions.add_parser("delete", parents=[shared], help="delete a topic")
     delete.add_argument("name")
+    compact = actions.add_parser("compact", parents=[shared], help="compact a COMPACTED topic now (what it can)")
+    compact.add_argument("name")
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -94,13 +98,17 @@ def run(args: argparse.Namespace) -> int:
     cmd = args.topic_command
     try:
         if cmd == "create":
-            status, body = _call(args, "POST", "/v1/topics", {"name": args.name, "queues": args.queues, "type": args.type})
+            attrs = dict(a.partition("=")[::2] for a in args.attr)
+            status, body = _call(args, "POST", "/v1/topics",
+                                 {"name": args.name, "queues": args.queues, "type": args.type, "attributes": attrs})
         elif cmd == "list":
             status, body = _call(args, "GET", "/v1/topics" + ("?include_system=true" if args.all else ""))
         elif cmd == "describe":
             status, body = _call(args, "GET", _path(args.name))
         elif cmd == "delete":
             status, body = _call(args, "DELETE", _path(args.name))
+        elif cmd == "compact":
+            status, body = _call(args, "POST", _path(args.name) + "/compact", {})
         else:  # pragma: no cover - argparse rejects others
             raise AssertionError(cmd)
     except (urllib.error.URLError, OSError) as e:
@@ -123,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{t['name']}\t{t['type']}\tqueues={len(t['queues'])}\tmessages={n}")
     elif cmd == "describe":
         _print_topic(body)
+    elif cmd == "compact":
+        print(f"compacted: {args.name}: {body['passes']} pass(es) over {body['queues']} queue(s), "
+              f"{body['removed']} message(s) removed")
     else:
         print(f"deleted: {args.name}")
     return 0
