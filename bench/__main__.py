@@ -49,6 +49,7 @@ SECTIONS: dict[str, str] = {
     "http": "bench.http_bench",
     "replication": "bench.replication_bench",
     "tier": "bench.tier_bench",
+    "compaction": "bench.compaction_bench",
 }
 
 PEER_TIMED = """\
