@@ -45,7 +45,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from . import record
-from .compacted_log import Generation, GenerationWriter, open_generation, remove_other_generations
+from .compacted_log import (
+    Generation,
+    GenerationWriter,
+    open_generation,
+    remove_other_generations,
+)
 from .consume_queue import _safe, unsafe
 from .mapped_file import MappedFile
 from .model import GetResult, GetStatus, MessageType, StoredMessage

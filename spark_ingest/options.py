@@ -19,6 +19,7 @@ MAX_PAGE = 4096
 SOURCE_KEYS = {
     "endpoint", "topics", "topic", "topicpattern", "startingoffsets", "endingoffsets", "maxmessagespertrigger",
     "maxmessagesperpartition", "pagesize", "pageformat", "failondataloss", "requesttimeoutms", "retries", "path",
+    "compacted",
 }
 SINK_KEYS = {"endpoint", "topic", "requesttimeoutms", "retries", "path", "checkpointlocation", "queryname"}
 
@@ -82,11 +83,18 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     request_timeout_s: float = 60.0
     retries: int = 3
+    # COMPACTED topics: "all" reads every message compaction kept (offsets have gaps where it
+    # dropped older values); "latest" (batch only) the table: the latest message of each key,
+    # delete markers left out. None: offsets must be contiguous, as for any other topic.
+    compacted: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
         o = {str(k).lower(): v for k, v in options.items()}
         _unknown(o, SOURCE_KEYS, "source")
+        compacted = str(o["compacted"]).strip().lower() if o.get("compacted") else None
+        if compacted not in (None, "all", "latest"):
+            raise OptionError(f"option compacted must be all or latest, got {o.get('compacted')!r}")
         topics = tuple(t.strip() for t in str(o.get("topics") or o.get("topic") or "").split(",") if t.strip())
         pattern = o.get("topicpattern") or None
         if bool(topics) == bool(pattern):
@@ -120,6 +128,7 @@ class SourceOptions:
             fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss"), True),
             request_timeout_s=(timeout_ms or 60_000) / 1000.0,
             retries=_int("retries", o.get("retries"), 3, minimum=0),  # type: ignore[arg-type]
+            compacted=compacted,
         )
 
 

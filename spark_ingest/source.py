@@ -164,7 +164,8 @@ def read_range(opts: SourceOptions, p: UnimqPartition, columns: Sequence[str] | 
             assert batch is not None
             qo = batch.column(2).to_numpy()
             first, last = int(qo[0]), int(qo[-1])
-            if first != offset or last - first != n - 1 or (n > 2 and not (np.diff(qo) == 1).all()):
+            contiguous = opts.compacted is None  # else gaps are where compaction dropped older values
+            if contiguous and (first != offset or last - first != n - 1 or (n > 2 and not (np.diff(qo) == 1).all())):
                 if opts.fail_on_data_loss:
                     missing = offset if first != offset else int(qo[np.flatnonzero(np.diff(qo) != 1)[0]] + 1)
                     raise DataLossError(
@@ -205,19 +206,43 @@ class UnimqBatchReader(DataSourceReader):
                     raise ValueError(f"endingOffsets: topic {t!r} queue {q}: {e} is past the queue's end {hi}")
                 if e < start[t][q]:
                     raise ValueError(f"endingOffsets: topic {t!r} queue {q}: {e} is before the start {start[t][q]}")
-        ranges = off.plan(start, end, self.opts.max_messages_per_partition)
+        # compacted=latest: one task per queue (a key's rows are all in its queue)
+        whole = self.opts.compacted == "latest"
+        ranges = off.plan(start, end, 2**62 if whole else self.opts.max_messages_per_partition)
         return [UnimqPartition(r.topic, r.queue_id, r.start, r.end) for r in ranges]
 
     def partitions(self) -> list[UnimqPartition]:
         return self.plan()
 
     def read(self, partition: UnimqPartition) -> Iterator[pa.RecordBatch]:
+        if self.opts.compacted == "latest":
+            yield from latest_per_key(read_range(self.opts, partition), self.columns)
+            return
         yield from read_range(self.opts, partition, self.columns)
+
+
+def latest_per_key(batches: Iterator[pa.RecordBatch], columns: Sequence[str] | None) -> Iterator[pa.RecordBatch]:
+    """A compacted queue as a table: the last row of each key (its first key), delete markers
+    (an empty body) left out. A key lives in one queue, so one partition holds all its rows."""
+    import pyarrow.compute as pc
+
+    table = pa.Table.from_batches(list(batches), wire.ARROW_SCHEMA)
+    if table.num_rows == 0:
+        return
+    keyed = pa.table({"k": pc.list_element(table.column("keys"), 0), "i": pa.array(np.arange(table.num_rows))})
+    last = keyed.group_by("k").aggregate([("i", "max")]).column("i_max").to_numpy()
+    table = table.take(pa.array(np.sort(last)))
+    table = table.filter(pc.greater(pc.binary_length(table.column("body")), 0))
+    if columns is not None:
+        table = table.select(list(columns))
+    yield from table.to_batches()
 
 
 class UnimqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict, columns: tuple[str, ...] | None = None) -> None:
         self.opts = SourceOptions.parse(options)
+        if self.opts.compacted == "latest":
+            raise OptionError("option compacted=latest is for batch reads (spark.read); a stream reads compacted=all")
         self.columns = columns
         self._target: off.Offsets | None = None
         self._latest: off.Offsets | None = None

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 
+from store_helpers import force_checkpoint, stores  # noqa: F401  (fixture)
+
 from core_broker.message_store import iter_messages
 from core_broker.model import Message, MessageType
 from core_broker.topic_config import TopicConfig
-
-from store_helpers import force_checkpoint, stores  # noqa: F401  (fixture)
 
 KEYS = 30
 
