@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
-from core_broker.errors import NotEnoughInSyncReplicasError, NotMasterError, StoreFullError, UnimqError
+from core_broker.errors import BadRequestError, NotEnoughInSyncReplicasError, NotMasterError, StoreFullError, UnimqError
 
 from . import codec
 from .errors import AmqpError
@@ -183,7 +183,9 @@ class Publisher:
                 if not ch.closing:
                     conn.write(codec.encode_method(ch.number, codec.method(C.Basic.Nack, delivery_tag=seq,
                                                                            multiple=True, requeue=False)))
-            code = codec.RESOURCE_ERROR if isinstance(e, RETRIABLE) else codec.INTERNAL_ERROR
+            # the client's mistake (a message without a key for a compacted topic): 406, as RabbitMQ's
+            code = codec.RESOURCE_ERROR if isinstance(e, RETRIABLE) else \
+                codec.PRECONDITION_FAILED if isinstance(e, BadRequestError) else codec.INTERNAL_ERROR
             for ch in failed:
                 if ch.number in conn.channels:
                     conn.close_channel(ch.number, code, f"{codec.REPLY_TEXT[code]} - message not stored: {e}", 60, 40)
