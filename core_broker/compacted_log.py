@@ -84,15 +84,17 @@ class Generation:
             self._offsets = [_unpack_from(idx, i * ENTRY_SIZE)[0] for i in range(self.count)]  # type: ignore[arg-type]
         return bisect.bisect_left(self._offsets, queue_offset)
 
+    @property
+    def buffer(self) -> mmap.mmap | None:
+        """The log's mapping (None while the generation is empty)."""
+        return self._log
+
     def raw(self, pos: int, size: int) -> memoryview:
         return memoryview(self._log)[pos : pos + size]  # type: ignore[arg-type]
 
     def entries(self, start: int = 0) -> Iterator[tuple[int, int, int]]:
         for i in range(start, self.count):
             yield _unpack_from(self._idx, i * ENTRY_SIZE)  # type: ignore[arg-type]
-
-    def header(self, pos: int) -> record.RecordHeader:
-        return record.parse_header(self._log, pos)
 
     def message(self, pos: int) -> StoredMessage:
         return record.decode(self._log, pos)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import logging
+import mmap
 import shutil
 import threading
 import time
@@ -53,6 +54,7 @@ from .compacted_log import (
 )
 from .consume_queue import _safe, unsafe
 from .mapped_file import MappedFile
+from .errors import CorruptRecordError
 from .model import GetResult, GetStatus, MessageType, StoredMessage
 
 if TYPE_CHECKING:  # the store owns the cleaner; imported for type hints only
@@ -61,16 +63,26 @@ if TYPE_CHECKING:  # the store owns the cleaner; imported for type hints only
 log = logging.getLogger("unimq.compaction")
 
 _FIXED = record.FIXED.unpack_from
+_PREFIX = record.PREFIX.unpack_from
+_HEADER = record.HEADER_SIZE
 _CHUNK = 4096  # consume-queue entries read at a time
 
 
-def _digest(key: str) -> bytes:
-    return hashlib.blake2b(key.encode(), digest_size=16).digest()
+def _digest(key: bytes) -> bytes:
+    return hashlib.blake2b(key, digest_size=16).digest()
 
 
-def compaction_key(keys) -> str | None:
-    """The key a compacted topic keeps the latest message of: the message's first key."""
-    return keys[0] if keys else None
+def _head(buf, pos: int) -> tuple[tuple, bytes | None]:
+    """A record's fixed fields (``record.FIXED``: 0 flags, 5 store time, 7 link origin, 19 body
+    length) and its first key as bytes, without decoding anything else."""
+    f = _FIXED(buf, pos + 12)
+    kl = f[16]
+    if not kl:
+        return f, None
+    p = pos + _HEADER + f[10] + f[11] + f[12] + f[13] + f[14] + f[15]
+    keys = buf[p : p + kl]
+    z = keys.find(b"\0")
+    return f, keys if z < 0 else keys[:z]
 
 
 class Compactor:
@@ -247,50 +259,51 @@ class Compactor:
         if end <= start:
             return None
         self._throttle_t0, self._throttle_bytes = time.monotonic(), 0
-        cl = store.commitlog
         cap = max(1, self.config.compaction_map_entries)
-        latest: dict[bytes, int] = {}
-        stop = start
-        off = start
+        latest: dict[bytes, int] = {}  # key digest -> its latest offset in [start, stop)
+        keyless: list[int] = []  # none in a compacted topic's own messages; kept if they occur
+        stop = off = start
         full = False
-        while off < end and not full:  # 1: the offset map of the dirty range, bounded
+        while off < end and not full:  # 1: the offset map of the dirty range, bounded (headers only)
             for phys, size, _ in cq.get(off, min(_CHUNK, end - off)):
-                k = compaction_key(cl.header(phys).keys) if size else None
-                if k is not None:
-                    d = _digest(k)
-                    if d not in latest and len(latest) >= cap:
-                        full = True
-                        break
-                    latest[d] = off
+                if size:
+                    buf, pos = self._locate(phys)
+                    f, k = _head(buf, pos)
+                    if f[0] & record.FLAG_LINK:
+                        buf, pos = self._locate(f[7])
+                        f, k = _head(buf, pos)
+                    if k is None:
+                        keyless.append(off)
+                    else:
+                        d = _digest(k)
+                        if d not in latest and len(latest) >= cap:
+                            full = True
+                            break
+                        latest[d] = off
+                    self._throttle(size)
                 off += 1
                 stop = off
-                self._throttle(size)
-        now_ms = time.time() * 1000
-        horizon = now_ms - self._delete_retention_ms(topic)
+        horizon = time.time() * 1000 - self._delete_retention_ms(topic)
         writer = GenerationWriter(self._dir(topic, queue_id), old.gen + 1)
-        dropped = 0
         try:
             for qo, pos, size in old.entries():  # 2: what the old generation keeps
-                h = old.header(pos)
-                k = compaction_key(h.keys)
-                if k is not None and (_digest(k) in latest or self._expired(old.raw(pos, size), h, horizon)):
-                    dropped += 1
+                f, k = _head(old.buffer, pos)
+                if k is not None and (_digest(k) in latest or (f[19] == 0 and f[5] < horizon)):
                     continue
                 writer.add(qo, old.raw(pos, size))
-            off = start
-            while off < stop:  # 3: the latest of each key in the dirty range
-                for phys, size, _ in cq.get(off, min(_CHUNK, stop - off)):
-                    q = off
-                    off += 1
-                    if not size:
-                        continue
-                    raw, h = self._record(phys)
-                    k = compaction_key(h.keys)
-                    if k is not None and (latest.get(_digest(k)) != q or self._expired(raw, h, horizon)):
-                        dropped += 1
-                        continue
-                    writer.add(q, raw)
-                    self._throttle(size)
+            # 3: the latest record of each key of [start, stop), read by offset: the others are not touched
+            for q in sorted([*latest.values(), *keyless]):
+                phys = cq.entry(q)[0]  # type: ignore[index]
+                buf, pos = self._locate(phys)
+                f, _ = _head(buf, pos)
+                if f[0] & record.FLAG_LINK:
+                    buf, pos = self._locate(f[7])
+                    f, _ = _head(buf, pos)
+                if f[19] == 0 and f[5] < horizon:  # a delete marker past its retention
+                    continue
+                size = _PREFIX(buf, pos)[0]
+                writer.add(q, memoryview(buf)[pos : pos + size])
+                self._throttle(size)
             if self._stop.is_set() and self._thread is not None and threading.current_thread() is self._thread:
                 writer.abort()
                 return None
@@ -302,23 +315,16 @@ class Compactor:
         self._live.pop(key, None)
         remove_other_generations(self._dir(topic, queue_id), new.gen)
         self.passes += 1
+        dropped = old.count + (stop - start) - new.count  # (holes, never written, count as dropped)
         log.info("compacted %s/%d up to offset %d: %d kept, %d dropped", topic, queue_id, stop, new.count, dropped)
         return dropped
 
-    def _record(self, phys: int) -> tuple[memoryview, record.RecordHeader]:
-        """The raw bytes and header of the record a queue entry names (a link: its origin's)."""
-        cl = self.store.commitlog
-        h = cl.header(phys)
-        if h.flags & record.FLAG_LINK:
-            phys = h.origin_offset
-            h = cl.header(phys)
-        mf = cl.files.find(phys)
-        return memoryview(mf.mm)[phys - mf.base : phys - mf.base + h.size], h  # type: ignore[union-attr]
-
-    @staticmethod
-    def _expired(raw, h: record.RecordHeader, horizon_ms: float) -> bool:
-        """A delete marker (empty body) stored before ``horizon_ms``."""
-        return _FIXED(raw, 12)[19] == 0 and h.store_ts < horizon_ms
+    def _locate(self, phys: int) -> tuple[mmap.mmap, int]:
+        """The mapped segment holding commitlog offset ``phys``, and the offset in it."""
+        mf = self.store.commitlog.files.find(phys)
+        if mf is None:
+            raise CorruptRecordError(f"no record at commitlog offset {phys}")
+        return mf.mm, phys - mf.base
 
     # ------------------------------------------------------------------ reads below the boundary
 
@@ -363,7 +369,7 @@ class Compactor:
 
     # ------------------------------------------------------------------ the table
 
-    def _live_keys(self, topic: str, queue_id: int) -> tuple[dict[str, int], list[int]]:
+    def _live_keys(self, topic: str, queue_id: int) -> tuple[dict[bytes, int], list[int]]:
         """(boundary, key -> latest offset) of the uncompacted range, kept up to date incrementally."""
         key = (topic, queue_id)
         b = self.boundary(topic, queue_id)
@@ -374,7 +380,6 @@ class Compactor:
         else:
             seen, keys, ordered = b, {}, None
         cq = self.store._cqs.get(key)
-        cl = self.store.commitlog
         off = max(seen, cq.min_offset) if cq is not None else hi
         while cq is not None and off < hi:
             entries = cq.get(off, min(_CHUNK, hi - off))
@@ -382,7 +387,7 @@ class Compactor:
                 break
             for phys, size, _ in entries:
                 if size:
-                    k = compaction_key(cl.header(phys).keys)
+                    k = _head(*self._locate(phys))[1]
                     if k is not None:
                         keys[k] = off
                 off += 1
@@ -407,12 +412,13 @@ class Compactor:
             while i < g.count and len(out) < max_count:
                 qo, pos, _ = g.entry(i)
                 i += 1
-                h = g.header(pos)
-                k = compaction_key(h.keys)
+                f, k = _head(g.buffer, pos)
                 nxt = qo + 1
-                if k in keys or _FIXED(g.raw(pos, 12 + record.FIXED.size), 12)[19] == 0:
+                if k in keys or f[19] == 0:
                     continue  # a newer value in the live range, or a delete marker
                 m = g.message(pos)
+                if not m.message_id:
+                    m.message_id = self.store.appender.message_id(m.commitlog_offset)
                 m.topic, m.queue_id, m.queue_offset = topic, queue_id, qo
                 out.append(m)
             if i >= g.count:
