@@ -16,6 +16,8 @@ from pathlib import Path
 import grpc
 import httpx
 import paho.mqtt.publish as mqtt_publish
+import pika
+import pika.exceptions
 import pytest
 from compaction_helpers import (
     SMALL,
@@ -111,6 +113,19 @@ def test_a_message_without_a_key_is_refused_by_every_door(unimq_server) -> None:
             for d in ("dev/a/temp", "dev/b/temp"):
                 mqtt_publish.single(d, f"{d}={i}", qos=1, hostname="127.0.0.1", port=server.ports["mqtt"])
         assert read_table(c, "dev") == {"dev/a/temp": b"dev/a/temp=2", "dev/b/temp": b"dev/b/temp=2"}
+        # AMQP: the message-id is the key; without one a confirmed publish is nacked
+        create(c, "akv", queues=1)
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.ports["amqp"]))
+        try:
+            ch = conn.channel()
+            ch.exchange_declare("akv", "fanout")
+            ch.confirm_delivery()
+            with pytest.raises(pika.exceptions.NackError):
+                ch.basic_publish("akv", "", b"no key")
+            ch.basic_publish("akv", "", b"v1", properties=pika.BasicProperties(message_id="m1"))
+        finally:
+            conn.close()
+        assert read_table(c, "akv") == {"m1": b"v1"}
         assert read_table(c, "kv") == {"g1": b"v"}  # the refused sends stored nothing
 
 
