@@ -80,6 +80,7 @@ def test_compaction_keeps_the_latest_value_per_key_and_the_table_reads_it(unimq_
         # a normal topic has no table; compaction of it is refused
         c.post("/v1/topics", json={"name": "plain", "queues": 1})
         assert c.get("/v1/topics/plain/table").status_code == 400
+        assert c.get("/v1/topics/kv/table", params={"cursor": "not-a-cursor"}).status_code == 400
         assert c.post("/v1/topics/plain/compact").status_code == 400
 
 

@@ -115,3 +115,24 @@ def test_the_table_sees_writes_newer_than_the_compacted_log(stores) -> None:
         off = r.next_offset
     assert {m.keys[0]: m.body for m in rows} == {k: v for k, v in latest.items() if v}
     assert len(rows) == len({m.keys[0] for m in rows})
+
+
+def test_the_cleaner_compacts_a_queue_once_its_dirty_share_passes_the_ratio(stores) -> None:
+    s = stores.open(compaction_check_interval_s=0.05)
+    s.topics.create(TopicConfig("kv", queues=1, message_type=MessageType.COMPACTED,
+                                attributes={"min_cleanable_dirty_ratio": "0.5"}))
+    latest = _fill(s, rounds=1, deleted=range(0))
+    _roll(s)
+    deadline = time.monotonic() + 30  # dirty share 1.0 > 0.5: the cleaner's thread takes it
+    while s.compaction.boundary("kv", 0) < KEYS:
+        assert time.monotonic() < deadline, "the cleaner never compacted the queue"
+        time.sleep(0.05)
+    passes = s.compaction.passes
+    for k in range(10):  # 10 new values over 30 compacted ones: a share of 0.25, under the ratio
+        s.put(Message("kv", b"again", keys=(f"k{k}",), queue_id=0))
+        latest[f"k{k}"] = b"again"
+    _roll(s)
+    time.sleep(0.5)  # ten rounds of the cleaner's check
+    assert s.compaction.passes == passes
+    assert s.compaction.dirty_ratio("kv", 0) == 10 / 40
+    assert {m.keys[0]: m.body for m in iter_messages(s, "kv", 0)} == latest
