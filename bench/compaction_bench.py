@@ -6,8 +6,9 @@ Rows:
   a COMPACTED topic holding 4 values of each of K keys (100 B bodies, written with
   ``put_batch``), sealed by writing another topic past a segment and flushed; then one timed
   ``Compactor.compact_now`` (every pass it takes: the default 1,000,000-entry key map holds
-  every key, so one pass). MB/s counts the records' bytes read as input (header + key + body,
-  what the passes read from the commitlog), msgs/s the input messages.
+  every key, so one pass). MB/s counts the bytes of the records compacted as input (header +
+  key + body; a pass parses every header and copies only the latest record of each key, as
+  Kafka's cleaner counts the log it cleaned), msgs/s the input messages.
 - table read: `unimq up` as a child (8 MiB segments), a COMPACTED topic of 4 queues filled
   through the HTTP door with CloudEvents batches of 1,000 (``http_index_event_ids`` on, so an
   event's id is its key), 2 values of each of 100,000 keys, then ``GET /v1/topics/{t}/table``
@@ -67,7 +68,8 @@ def _compaction_row(ctx: Context, keys: int) -> Row:
     assert kept == keys, (kept, keys)
     return Row(NAME, f"compaction, {n:,} messages of {keys:,} keys ({nbytes / 1e6:.0f} MB of records), "
                      f"{done['passes']} pass(es), {kept:,} kept", n / dt, nbytes / dt / 1e6,
-               note="MB/s of input: the records' bytes the passes read")
+               note="MB/s of input: the bytes of the records compacted (a pass reads every header and copies "
+                    "the latest record of each key)")
 
 
 def _table_rows(ctx: Context, keys: int) -> list[Row]:
