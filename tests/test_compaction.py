@@ -182,3 +182,50 @@ def test_sigkill_during_compaction_loses_nothing(unimq_server) -> None:
         got = compact_until_once_per_key(c, "big")
         assert latest_of(got) == expected and len(got) == len(expected)
         assert read_table(c, "big", page=64) == expected
+
+
+def test_separated_deployment_reads_the_table_and_compacts_through_the_rpcs(tmp_path) -> None:
+    """Gateway -> processor RPC -> broker RPC: the table read and the trigger cross both wires."""
+    import asyncio
+
+    from conftest import TEST_STORE_ARGS
+    from core_broker.model import Message
+    from gateway.context import RequestContext
+    from gateway.processor_rpc import RemoteProcessor
+    from unimq.local_cluster import Cluster
+
+    ctx = RequestContext("test", client_id="compaction-tests")
+    cluster = Cluster(tmp_path, brokers=2, gateways=1, lease_s=4.0, heartbeat_s=1.0,
+                      extra_broker_args=TEST_STORE_ARGS).start()
+    try:
+        async def main() -> None:
+            rp = RemoteProcessor(cluster.gateway_rpc())
+            try:
+                await rp.create_topic(ctx, "skv", queues=2, message_type="COMPACTED")
+                want: dict[str, bytes] = {}
+                for rnd in range(3):
+                    sent = await rp.send(ctx, [Message("skv", f"{rnd}-{k}".encode(), keys=(f"k{k}",))
+                                               for k in range(40)])
+                    want.update({f"k{k}": f"{rnd}-{k}".encode() for k in range(40)})
+                assert {r.broker for r in sent} == {"broker-a", "broker-b"}  # both brokers hold keys
+                route = await rp.query_route(ctx, "skv")
+                done = await rp.compact_topic(ctx, "skv")  # every queue of every broker of the topic
+                assert set(done) == {"passes", "queues", "removed"} and done["queues"] == len(route.queues)
+                got: dict[str, bytes] = {}
+                for q in route.queues:
+                    off = 0
+                    while True:
+                        r = await rp.read_table(ctx, "skv", q.queue_id, off, 7)
+                        got.update({m.keys[0]: bytes(m.body) for m in r.messages})
+                        if r.next_offset >= r.max_offset:
+                            break
+                        off = r.next_offset
+                assert got == want
+                with pytest.raises(Exception, match="ILLEGAL_MESSAGE_KEY|needs a key"):
+                    await rp.send(ctx, [Message("skv", b"no key")])
+            finally:
+                await rp.stop()
+
+        asyncio.run(main())
+    finally:
+        cluster.stop()
