@@ -8,6 +8,7 @@ a deadline) until a forced compaction has covered what it wrote; nothing asserts
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -29,10 +30,16 @@ from compaction_helpers import (
     read_table,
     roll,
 )
+from conftest import TEST_STORE_ARGS
 from grpc_helpers import raw_message
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
+
+from core_broker.model import Message
+from gateway.context import RequestContext
+from gateway.processor_rpc import RemoteProcessor
+from unimq.local_cluster import Cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -103,8 +110,6 @@ def test_a_message_without_a_key_is_refused_by_every_door(unimq_server) -> None:
                 keyed.system_properties.keys.append("g1")
                 ok = await stub.SendMessage(spb.SendMessageRequest(messages=[keyed]), timeout=10)
                 return bare.status.code, ok.status.code
-
-        import asyncio
 
         bare, ok = asyncio.run(grpc_send())
         assert bare == pb.Code.ILLEGAL_MESSAGE_KEY and ok == pb.Code.OK
@@ -186,14 +191,6 @@ def test_sigkill_during_compaction_loses_nothing(unimq_server) -> None:
 
 def test_separated_deployment_reads_the_table_and_compacts_through_the_rpcs(tmp_path) -> None:
     """Gateway -> processor RPC -> broker RPC: the table read and the trigger cross both wires."""
-    import asyncio
-
-    from conftest import TEST_STORE_ARGS
-    from core_broker.model import Message
-    from gateway.context import RequestContext
-    from gateway.processor_rpc import RemoteProcessor
-    from unimq.local_cluster import Cluster
-
     ctx = RequestContext("test", client_id="compaction-tests")
     cluster = Cluster(tmp_path, brokers=2, gateways=1, lease_s=4.0, heartbeat_s=1.0,
                       extra_broker_args=TEST_STORE_ARGS).start()
