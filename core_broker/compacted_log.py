@@ -59,7 +59,7 @@ def _fsync_dir(path: Path) -> None:
 class Generation:
     """An immutable compacted log and its index (generation 0: empty, no files)."""
 
-    __slots__ = ("gen", "boundary", "count", "_log", "_idx", "_offsets", "size")
+    __slots__ = ("gen", "boundary", "count", "_log", "_idx", "size")
 
     def __init__(self, directory: Path | None, gen: int, boundary: int, count: int) -> None:
         self.gen, self.boundary, self.count = gen, boundary, count
@@ -69,7 +69,6 @@ class Generation:
             self._log = _map(directory / f"{gen}.log")
             self._idx = _map(directory / f"{gen}.idx")
             self.size = len(self._log) if self._log is not None else 0
-        self._offsets: list[int] | None = None  # queue offsets, built on the first search
 
     def entry(self, i: int) -> tuple[int, int, int]:
         return _unpack_from(self._idx, i * ENTRY_SIZE)  # type: ignore[arg-type]
@@ -78,11 +77,9 @@ class Generation:
         return self.entry(0)[0] if self.count else self.boundary
 
     def index_of(self, queue_offset: int) -> int:
-        """Index of the first kept entry at or after ``queue_offset``."""
-        if self._offsets is None:
-            idx = self._idx
-            self._offsets = [_unpack_from(idx, i * ENTRY_SIZE)[0] for i in range(self.count)]  # type: ignore[arg-type]
-        return bisect.bisect_left(self._offsets, queue_offset)
+        """Index of the first kept entry at or after ``queue_offset`` (a binary search of the
+        mapped index: no list of the offsets, whatever the generation's size)."""
+        return bisect.bisect_left(_QueueOffsets(self), queue_offset)
 
     @property
     def buffer(self) -> mmap.mmap | None:
@@ -98,6 +95,21 @@ class Generation:
 
     def message(self, pos: int) -> StoredMessage:
         return record.decode(self._log, pos)
+
+
+class _QueueOffsets:
+    """The queue offsets of a generation's index as a sequence (what ``bisect`` searches)."""
+
+    __slots__ = ("_g",)
+
+    def __init__(self, g: Generation) -> None:
+        self._g = g
+
+    def __len__(self) -> int:
+        return self._g.count
+
+    def __getitem__(self, i: int) -> int:
+        return self._g.entry(i)[0]
 
 
 class GenerationWriter:
