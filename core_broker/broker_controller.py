@@ -747,15 +747,35 @@ class BrokerController:
                          tier_upload_failures=self.tier.uploader.failed_attempts)
         return stats
 
-    def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 32):
-        out = self.store.query_by_key(topic, key, begin_ms, end_ms, max_count)
+    def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
+                     max_count: int = 32) -> list[StoredMessage]:
+        """Messages by key on local disk (:meth:`query_by_key_async` adds the tier's)."""
+        return self._by_key(self.store.query_by_key, topic, key, begin_ms, end_ms, max_count)
+
+    async def query_by_key_async(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
+                                 max_count: int = 32) -> list[StoredMessage]:
+        """:meth:`query_by_key`, with messages whose segments only the tier still holds found
+        there too, older after newer (what the doors call)."""
+        out = self.query_by_key(topic, key, begin_ms, end_ms, max_count)
+        if len(out) < max_count and self.tier is not None:
+            cold = await self.tier.query_by_key_async(topic, key, begin_ms, end_ms, 4 * max_count)
+            cold += [m for t in (TIMER_TOPIC, HALF_TOPIC)
+                     for m in await self.tier.query_by_key_async(t, key, begin_ms, end_ms, 4 * max_count)]
+            out += self._by_key(lambda t, *a: [m for m in cold if m.topic == t], topic, key, begin_ms, end_ms,
+                                max_count - len(out))
+        return out
+
+    @staticmethod
+    def _by_key(query: Callable[..., list[StoredMessage]], topic: str, key: str, begin_ms: int, end_ms: int,
+                max_count: int) -> list[StoredMessage]:
+        out = query(topic, key, begin_ms, end_ms, max_count)
         # Delay and transactional messages are stored once, in the timer / half queue, and
         # indexed there (their delivery is a link, which is not indexed): find them under
         # the topic they are for, as query_by_id does.
         for sys_topic in (TIMER_TOPIC, HALF_TOPIC):
             if len(out) >= max_count:
                 break
-            for m in self.store.query_by_key(sys_topic, key, begin_ms, end_ms, 4 * max_count):
+            for m in query(sys_topic, key, begin_ms, end_ms, 4 * max_count):
                 if m.properties.get(P_REAL_TOPIC) == topic:
                     m.topic = topic
                     out.append(m)

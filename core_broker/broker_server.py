@@ -299,8 +299,8 @@ class BrokerServer:
     async def query_by_id(self, message_id):
         return await self.controller.query_by_id_async(message_id)
 
-    def query_by_key(self, topic, key, begin_ms=0, end_ms=2**62, max_count=32):
-        return self.controller.query_by_key(topic, key, begin_ms, end_ms, max_count)
+    async def query_by_key(self, topic, key, begin_ms=0, end_ms=2**62, max_count=32):
+        return await self.controller.query_by_key_async(topic, key, begin_ms, end_ms, max_count)
 
     async def kv_put(self, namespace, key, value, version=None):
         return await self.controller.kv_put(namespace, key, value, version)

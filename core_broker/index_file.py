@@ -39,6 +39,10 @@ class IndexFile:
         h = HEADER.unpack_from(self.mm, 0)
         self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, self.used, self.count = h
         self._entries_base = HEADER.size + slots * SLOT.size
+        # Entries are appended in log order, so their offsets only grow, except in a file that
+        # was open across a restart (recovery indexes the tail after the checkpoint again):
+        # only a file made and filled by this process is known to be in order.
+        self.in_order = create
 
     @property
     def full(self) -> bool:
@@ -50,6 +54,8 @@ class IndexFile:
         self.count += 1
         idx = self.count  # entries are 1-based so 0 can mean "empty"
         ENTRY.pack_into(self.mm, self._entries_base + idx * ENTRY.size, h, phys, ts, prev)
+        if phys < self.end_phys:
+            self.in_order = False
         if self.begin_ts == 0:
             self.begin_ts, self.begin_phys = ts, phys
         self.end_ts = max(self.end_ts, ts)
@@ -60,6 +66,36 @@ class IndexFile:
         # next put would overwrite, cutting the bucket's chain.
         SLOT.pack_into(self.mm, slot_pos, idx)
         self.mf.dirty = True
+
+    def _phys(self, idx: int) -> int:
+        return ENTRY.unpack_from(self.mm, self._entries_base + idx * ENTRY.size)[1]
+
+    def entries_between(self, phys_lo: int, phys_hi: int) -> list[tuple[int, int, int]]:
+        """(hash, commitlog offset, store time) of the entries pointing into ``[phys_lo, phys_hi)``:
+        a binary search for the run when the file is in order, else a scan of all of it."""
+        # the count in the header is written after its entry (``self.count`` grows before it):
+        # the writer may be putting while the upload thread reads
+        first, end = 1, HEADER.unpack_from(self.mm, 0)[5] + 1
+        if self.in_order:
+            lo, hi = first, end
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self._phys(mid) < phys_lo:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            first, hi = lo, end
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self._phys(mid) < phys_hi:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            end = lo
+        start = self._entries_base + first * ENTRY.size
+        with memoryview(self.mm) as mv:
+            return [(h, phys, ts) for h, phys, ts, _ in ENTRY.iter_unpack(mv[start : self._entries_base + end * ENTRY.size])
+                    if phys_lo <= phys < phys_hi]
 
     def lookup(self, h: int, begin_ts: int, end_ts: int, limit: int, out: list[int]) -> None:
         idx = SLOT.unpack_from(self.mm, HEADER.size + (h % self.slots) * SLOT.size)[0]
@@ -119,6 +155,20 @@ class IndexService:
         seen: set[int] = set()
         uniq = [p for p in out if not (p in seen or seen.add(p))]  # recovery may re-index a record
         return uniq
+
+    def entries_between(self, phys_lo: int, phys_hi: int) -> list[tuple[int, int, int]]:
+        """(key hash, commitlog offset, store time) of every entry pointing into
+        ``[phys_lo, phys_hi)``, sorted and without repeats: what the tier keeps of one sealed
+        segment so that keys and client ids stay findable once the segment left local disk.
+
+        Only the files whose range overlaps are read (see :meth:`IndexFile.entries_between`);
+        the tier's upload thread calls it, once per segment.
+        """
+        out: set[tuple[int, int, int]] = set()
+        for f in list(self.files):
+            if f.count and f.end_phys >= phys_lo and f.begin_phys < phys_hi:
+                out.update(f.entries_between(phys_lo, phys_hi))
+        return sorted(out)
 
     def drop_before_phys(self, phys_min: int) -> None:
         while len(self.files) > 1 and self.files[0].end_phys < phys_min:

@@ -277,7 +277,7 @@ class LocalBrokerClient:
     async def query_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
     ) -> list[StoredMessage]:
-        return self.broker.query_by_key(topic, key, begin_ms, end_ms, max_count)
+        return await self.broker.query_by_key_async(topic, key, begin_ms, end_ms, max_count)
 
     # -- durable door state
     async def kv_put(self, namespace: str, key: str, value: bytes | None) -> None:

@@ -59,7 +59,8 @@ def expire(objects: ObjectStore, uploader: Uploader, store_id: str, now_ms: int,
         base = m.base
         objects.delete([layout.manifest_key(store_id, base)])
         uploader.forget(base)
-        objects.delete([layout.segment_key(store_id, base), layout.index_key(store_id, base)])
+        objects.delete([layout.segment_key(store_id, base), layout.index_key(store_id, base),
+                        layout.keys_key(store_id, base)])
         n += 1
     if n:
         log.info("tier retention removed %d segment(s)", n)

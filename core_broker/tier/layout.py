@@ -5,13 +5,14 @@ commitlog, so two brokers sharing a bucket never mix)::
 
     <store_id>/segment/<base>       the sealed segment file, as it is on disk
     <store_id>/index/<base>         the queue entries pointing into it (``segment_index``)
+    <store_id>/keys/<base>          its keys and client ids, hashed and sorted (``key_index``)
     <store_id>/manifest/<base>      JSON, written last: the segment is in the tier
     <store_id>/tmp/...              uploads in progress; swept at start
 
 ``<base>`` is the segment's first commitlog offset in 20 digits, as local segment
 files are named. Data objects are immutable: a segment is uploaded once, and an
 upload repeated after a crash writes the same bytes. Nothing counts as uploaded
-until its manifest exists, and the manifest is written only after both data
+until its manifest exists, and the manifest is written only after its data
 objects are complete (each complete on arrival, see ``object_store``), so a crash
 at any point leaves either a whole segment in the tier or no manifest: a reader
 that starts from manifests can never take a partial object for data. Expiry
@@ -30,6 +31,10 @@ def segment_key(store_id: str, base: int) -> str:
 
 def index_key(store_id: str, base: int) -> str:
     return f"{store_id}/index/{base:020d}"
+
+
+def keys_key(store_id: str, base: int) -> str:
+    return f"{store_id}/keys/{base:020d}"
 
 
 def manifest_key(store_id: str, base: int) -> str:
@@ -64,7 +69,10 @@ class Manifest:
     # [topic, queue id, first queue offset, end queue offset, position of the first entry in
     # the index object] of every queue with entries here
     queues: list[list] = field(default_factory=list)
-    version: int = 1
+    # bytes of the keys object (``key_index``); 0: none (a manifest written before it existed,
+    # or a segment with no key and no client id)
+    keys_length: int = 0
+    version: int = 2
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()

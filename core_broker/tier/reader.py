@@ -23,7 +23,8 @@ from .. import record
 from ..consume_queue import ENTRY
 from ..errors import CorruptRecordError
 from ..model import GetResult, GetStatus, StoredMessage
-from . import layout
+from ..index_file import key_hash
+from . import key_index, layout
 from .block_cache import BlockCache
 from .object_store import ObjectStore
 from .uploader import Uploader
@@ -101,11 +102,14 @@ class TierReader:
     # ------------------------------------------------------------------ bytes
 
     def _read(self, kind: str, m: layout.Manifest, start: int, end: int, ahead: int = 0) -> bytes:
-        """Bytes ``[start, end)`` of a segment's ``kind`` object ("segment" or "index"); then
+        """Bytes ``[start, end)`` of a segment's ``kind`` object ("segment", "index" or "keys"); then
         fetch the ``ahead`` blocks after them in the background (a sequential reader's next)."""
         sid = self.store.store_id
-        name = layout.segment_key(sid, m.base) if kind == "segment" else layout.index_key(sid, m.base)
-        limit = m.size if kind == "segment" else m.index_length
+        name, limit = {
+            "segment": (layout.segment_key(sid, m.base), m.size),
+            "index": (layout.index_key(sid, m.base), m.index_length),
+            "keys": (layout.keys_key(sid, m.base), m.keys_length),
+        }[kind]
         end = min(end, limit)
         if end <= start:
             return b""
@@ -194,14 +198,17 @@ class TierReader:
     # ------------------------------------------------------------------ by id
 
     def query_by_id(self, message_id: str) -> StoredMessage | None:
-        """The message of a server-assigned id whose record left the local disk, or None.
+        """The message of an id whose record left the local disk, or None.
 
         A server id names its record's commitlog offset (``Appender.message_id``), so this is
-        one record read from the tier, no index needed. Client-chosen ids (and keys) are in
-        the local IndexFile only: the tier has no index of them yet.
+        one record read from the tier, no index needed; a client-chosen id is looked up in the
+        segments' keys objects (``key_index``), newest segment first.
         """
         prefix = self.store.appender.id_prefix
         if len(message_id) != len(prefix) + 16 or not message_id.startswith(prefix):
+            for m in self._by_index_key("#id#" + message_id, 0, 2**62, 16):
+                if m.message_id == message_id:
+                    return m
             return None
         try:
             phys = int(message_id[len(prefix) :], 16)
@@ -214,6 +221,43 @@ class TierReader:
         except (CorruptRecordError, ValueError):  # not a record boundary: not one of our ids
             return None
         return m if m.message_id == message_id else None
+
+    # ------------------------------------------------------------------ by key
+
+    def query_by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[StoredMessage]:
+        """Messages of ``topic`` with ``key`` stored in ``[begin_ms, end_ms]`` whose records
+        left the local disk, newest segment first, at most ``max_count``."""
+        out = []
+        for m in self._by_index_key(f"{topic}#{key}", begin_ms, end_ms, 4 * max_count):
+            if m.topic == topic and key in m.keys:
+                out.append(m)
+                if len(out) >= max_count:
+                    break
+        return out
+
+    def _by_index_key(self, index_key: str, begin_ms: int, end_ms: int, limit: int) -> list[StoredMessage]:
+        """The records whose keys object entry has ``index_key``'s hash, in segments no longer on
+        local disk (the local IndexFile answers for the rest); the caller checks each one."""
+        h = key_hash(index_key)
+        local_min = self.store.commitlog.min_offset
+        out: list[StoredMessage] = []
+        for m in reversed(self._current()[3]):
+            if len(out) >= limit:
+                break
+            if not m.keys_length or m.base >= local_min or m.last_ts < begin_ms or m.first_ts > end_ms:
+                continue
+
+            def read(start: int, end: int, m: layout.Manifest = m) -> bytes:
+                return self._read("keys", m, start, end)
+
+            for phys in key_index.lookup(read, m.keys_length, h, begin_ms, end_ms, limit - len(out)):
+                if phys >= local_min:
+                    continue
+                try:
+                    out.append(self.read_phys(phys))
+                except (CorruptRecordError, ValueError):
+                    continue
+        return out
 
     # ------------------------------------------------------------------ by time
 

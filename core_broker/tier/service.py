@@ -87,10 +87,20 @@ class TierService:
         return cold if cold is not None else self.store.offset_for_timestamp(topic, queue_id, ts_ms)
 
     async def query_by_id_async(self, message_id: str) -> StoredMessage | None:
-        """A message by server-assigned id from the tier, on the read workers (see
+        """A message by id (server-assigned or client-chosen) from the tier, on the read workers (see
         :meth:`TierReader.query_by_id`)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._read_pool, self.reader.query_by_id, message_id)
+
+    async def query_by_key_async(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
+    ) -> list[StoredMessage]:
+        """Messages by key from segments only the tier holds, on the read workers (see
+        :meth:`TierReader.query_by_key`)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._read_pool, self.reader.query_by_key, topic, key, begin_ms, end_ms, max_count
+        )
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The queue's oldest readable offset, in the tier or local (no network call)."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..json_file import read_json
 from ..mapped_file import MappedFile
-from . import layout
+from . import key_index, layout
 from .object_store import ObjectStore
 from .segment_index import build_index
 
@@ -174,7 +174,8 @@ class Uploader:
         self.listed = True
 
     def upload(self, mf: MappedFile) -> layout.Manifest:
-        """Segment, then index, then manifest: the manifest's arrival confirms the upload."""
+        """Segment, then queue index, then keys, then manifest: the manifest's arrival confirms
+        the upload."""
         sid = self.store.store_id
         t0 = time.monotonic()
         ix = build_index(self.store, mf)
@@ -183,9 +184,12 @@ class Uploader:
                 layout.segment_key(sid, mf.base), fh, ix.size, layout.tmp_dir(sid), self.between_upload_and_commit
             )
         self.objects.put_small(layout.index_key(sid, mf.base), ix.data)
+        keys = key_index.encode(self.store.index.entries_between(mf.base, mf.base + ix.length))
+        if keys:
+            self.objects.put_small(layout.keys_key(sid, mf.base), keys)
         manifest = layout.Manifest(
             base=mf.base, length=ix.length, size=ix.size, sha256=ix.sha256, index_length=len(ix.data),
-            first_ts=ix.first_ts, last_ts=ix.last_ts, queues=ix.queues,
+            first_ts=ix.first_ts, last_ts=ix.last_ts, queues=ix.queues, keys_length=len(keys),
         )
         self.objects.put_small(layout.manifest_key(sid, mf.base), manifest.encode())
         with self._lock:
