@@ -44,6 +44,7 @@ from .transaction_service import TransactionChecker, TransactionService
 
 if TYPE_CHECKING:
     from .tier import TierService
+    from .tier.cold_pops import ColdPops
 
 log = logging.getLogger("unimq.broker")
 
@@ -106,6 +107,7 @@ class BrokerController:
         self.on_topics_changed: Callable[[], None] | None = None
         # Tiered storage, when the store's config turns it on (attached at start).
         self.tier: TierService | None = None
+        self.cold_pops: ColdPops | None = None  # pops of what only the tier holds (tier on)
         self.started = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -119,6 +121,9 @@ class BrokerController:
             # boto3 builds its client from JSON models (tens of ms): off the event loop
             self.tier = self.store.tier = tier = await asyncio.to_thread(TierService, self.store)
             tier.start()
+            from .tier.cold_pops import ColdPops
+
+            self.cold_pops = ColdPops(tier, self.pops)
         state = await asyncio.to_thread(read_json, self._state_path, {})
         self.pops.load(state.get("pop"))
         self.timers.tracker = type(self.timers.tracker).from_json(state.get("timer"))
@@ -184,7 +189,7 @@ class BrokerController:
         tier = self.tier
         if tier is not None:  # its workers read segment files: stop them before they close
             await asyncio.to_thread(tier.stop)
-            self.tier = self.store.tier = None
+            self.tier = self.store.tier = self.cold_pops = None
         await asyncio.to_thread(self.store.shutdown)
 
     def prune_tombstones(self, now_ms: int | None = None) -> int:
@@ -255,9 +260,14 @@ class BrokerController:
             except Exception:
                 log.exception("broker state snapshot failed")
 
+    async def _revive(self) -> None:
+        self.pops.revive_due()
+        if self.cold_pops is not None and await self.cold_pops.resolve():
+            self.pops.revive_due()  # what was popped from the tier, its records now looked up
+
     async def _revive_round(self) -> float | None:
         """Revive what is due; seconds until the next invisible time ends (None: none in flight)."""
-        self.pops.revive_due()
+        await self._revive()
         due = self.pops.next_due_ms()
         return None if due is None else max(0.0, (due - int(time.time() * 1000)) / 1000)
 
@@ -525,9 +535,11 @@ class BrokerController:
         wait_ms = min(max(wait_ms, 0), self.config.max_long_poll_ms)
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
-            msgs, last = self.pops.pop(
-                group, self._pop_queues(group, topic, tc), max_count, invisible_ms, flt, is_fifo, from_latest
-            )
+            queues = self._pop_queues(group, topic, tc)
+            ahead = None
+            if self.cold_pops is not None:
+                ahead = await self.cold_pops.read_ahead(group, queues, max_count, flt, is_fifo, from_latest)
+            msgs, last = self.pops.pop(group, queues, max_count, invisible_ms, flt, is_fifo, from_latest, ahead)
             if msgs or time.monotonic() >= deadline:
                 break
             left = deadline - time.monotonic()
@@ -571,7 +583,7 @@ class BrokerController:
             raise BadRequestError("invisible time must not be negative")
         handle, visible_at, r = self.pops.change_invisible(group, receipt_handle, invisible_ms)
         if invisible_ms == 0:
-            self.pops.revive_due()  # a release (nack/requeue) is handed back at once, not next round
+            await self._revive()  # a release (nack/requeue) is handed back at once, not next round
         await self.store.wait_durable(r)
         return handle, visible_at
 

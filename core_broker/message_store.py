@@ -81,9 +81,14 @@ class MessageFilter(Protocol):
 
 
 class SegmentKeeper(Protocol):
-    """What retention asks before deleting a segment (the tier, ``core_broker.tier``)."""
+    """What retention asks before deleting a segment (the tier, ``core_broker.tier``), and
+    where a link finds an origin that left local disk (a retry of a message popped from it)."""
 
     def may_delete(self, segment: MappedFile) -> bool: ...
+
+    def read_record(self, offset: int) -> StoredMessage: ...
+
+    def record_link_origin(self, offset: int) -> tuple[int, int]: ...
 
 
 class MessageStore:
@@ -381,13 +386,15 @@ class MessageStore:
         ``extra_dispatch`` indexes the same link into more queues in the same
         record; the broker uses it to journal the state change atomically with it.
         """
-        origin = self.commitlog.read(origin_offset)
+        cl, tier = self.commitlog, self.tier
+        cold = tier is not None and origin_offset < cl.min_offset  # in the tier only (see SegmentKeeper)
+        origin = tier.read_record(origin_offset) if cold else cl.read(origin_offset)  # type: ignore[union-attr]
         merged: dict[str, str] = {}
-        lo, _ = self.commitlog.link_origin(origin_offset)
+        lo, _ = tier.record_link_origin(origin_offset) if cold else cl.link_origin(origin_offset)  # type: ignore[union-attr]
         if lo >= 0:  # never chain links: point at the real message, keep the link's properties
             merged.update(origin.properties)
             origin_offset = lo
-            origin = self.commitlog.read(lo)
+            origin = tier.read_record(lo) if tier is not None and lo < cl.min_offset else cl.read(lo)
         if properties:
             merged.update(properties)
         link = Message(

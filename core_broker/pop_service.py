@@ -25,10 +25,13 @@ from typing import Callable, NamedTuple
 from .config import BrokerConfig
 from .journal import Journal
 from .message_store import MessageFilter, MessageStore
-from .model import GetStatus, PutResult, StoredMessage
+from .model import GetResult, GetStatus, PutResult, StoredMessage
 from .receipt import InvalidReceiptHandleError, ReceiptHandle, handle_prefix
 from .system_topics import P_ORIGIN_TOPIC, dlq_topic, is_system_topic, retry_topic
 from .timer_service import TimerService
+
+# Per queue: (the offset a read started from, what it read): see PopService.pop
+ReadAhead = dict[tuple[str, int], tuple[int, GetResult]]
 
 _tuple_new = tuple.__new__
 
@@ -105,6 +108,14 @@ class PopService:
         # Called when an invisible time is pushed that ends before every other one: the
         # revive loop sleeps until the earliest (BrokerController sets it to its wake()).
         self.wake_reviver: Callable[[], None] = _nothing
+        # With tiered storage (``tier.cold_pops``): a queue's oldest readable offset may be in
+        # the tier, and an in-flight message popped from there has no local queue entry, so
+        # reviving it needs its record's offset looked up in the tier first: revive_due lists
+        # such messages in ``cold_wanted`` (None: no tier) and leaves them due; the broker
+        # resolves them into ``cold_phys`` (-1: not in the tier either) and revives again.
+        self.min_offset: Callable[[str, int], int] = store.min_offset
+        self.cold_wanted: list[tuple[str, int, int]] | None = None
+        self.cold_phys: dict[tuple[str, int, int], int] = {}
 
     # -- cursors -------------------------------------------------------------------
 
@@ -118,7 +129,7 @@ class PopService:
             elif from_latest:
                 start = self.store.max_offset(topic, queue_id)
             else:
-                start = self.store.min_offset(topic, queue_id)
+                start = self.min_offset(topic, queue_id)
             c = self.cursors[key] = Cursor(start, fifo)
         return c
 
@@ -133,8 +144,13 @@ class PopService:
         msg_filter: MessageFilter | None,
         fifo: bool,
         from_latest: bool = False,
+        read_ahead: ReadAhead | None = None,
     ) -> tuple[list[PoppedMessage], PutResult | None]:
-        """Take up to ``max_count`` messages from ``queues`` (rotating start); no waiting."""
+        """Take up to ``max_count`` messages from ``queues`` (rotating start); no waiting.
+
+        ``read_ahead``: results read before the call (off the event loop: the tier's) to use
+        instead of a local get, per queue, if its cursor is still at the offset they start from.
+        """
         out: list[PoppedMessage] = []
         last: PutResult | None = None
         now = now_ms()
@@ -144,10 +160,11 @@ class PopService:
             if need <= 0:
                 break
             c = self.cursor(group, topic, qid, fifo, from_latest)
+            ahead = read_ahead.pop((topic, qid), None) if read_ahead else None
             if c.fifo:
-                got, r = self._pop_fifo(group, topic, qid, c, need, visible_at, now, msg_filter)
+                got, r = self._pop_fifo(group, topic, qid, c, need, visible_at, now, msg_filter, ahead)
             else:
-                got, r = self._pop_normal(group, topic, qid, c, need, visible_at, msg_filter)
+                got, r = self._pop_normal(group, topic, qid, c, need, visible_at, msg_filter, ahead)
             out.extend(got)
             last = r or last
         return out, last
@@ -164,9 +181,19 @@ class PopService:
         m.reconsume_times = inf.attempt - 1
         return PoppedMessage(m, rh, inf.attempt, inf.visible_at)
 
-    def _pop_normal(self, group, topic, qid, c: Cursor, need, visible_at, msg_filter):
+    def _get(self, topic: str, qid: int, offset: int, need: int, msg_filter: MessageFilter | None,
+             ahead: tuple[int, GetResult] | None) -> GetResult:
+        if ahead is not None and ahead[0] == offset:
+            r = ahead[1]
+            if len(r.messages) > need:
+                r = GetResult(r.status, r.messages[:need], r.messages[need - 1].queue_offset + 1, r.min_offset,
+                              r.max_offset)
+            return r
+        return self.store.get(topic, qid, offset, need, msg_filter)
+
+    def _pop_normal(self, group, topic, qid, c: Cursor, need, visible_at, msg_filter, ahead=None):
         start = c.next
-        r = self.store.get(topic, qid, c.next, need, msg_filter)
+        r = self._get(topic, qid, c.next, need, msg_filter, ahead)
         if r.status == GetStatus.OFFSET_MOVED:
             c.next = r.next_offset
             r = self.store.get(topic, qid, c.next, need, msg_filter)
@@ -202,7 +229,7 @@ class PopService:
             return out, None
         return out, self.journal.append("pop", {"g": group, "t": topic, "q": qid, "n": c.next, "v": visible_at, "m": entries})
 
-    def _pop_fifo(self, group, topic, qid, c: Cursor, need, visible_at, now, msg_filter):
+    def _pop_fifo(self, group, topic, qid, c: Cursor, need, visible_at, now, msg_filter, ahead=None):
         out: list[PoppedMessage] = []
         entries: list[list] = []
         parked: list[list] = []
@@ -244,7 +271,8 @@ class PopService:
             take(m, inf)
         # 3. new messages
         while len(out) < need and len(c.waiting) < WAITING_LIMIT:
-            r = self.store.get(topic, qid, c.next, 32, msg_filter)
+            r = self._get(topic, qid, c.next, 32, msg_filter, ahead)
+            ahead = None
             if r.status in (GetStatus.OFFSET_MOVED, GetStatus.OFFSET_OVERFLOW_BADLY):
                 c.next = r.next_offset
                 continue
@@ -313,8 +341,17 @@ class PopService:
         c, inf = self._inflight(group, rh)
         return self._dead_letter(group, rh.topic, rh.queue_id, rh.offset, c, inf)
 
-    def _dead_letter(self, group, topic, qid, off, c: Cursor, inf: Inflight) -> PutResult:
+    def _phys(self, topic: str, qid: int, off: int) -> int | None:
+        """The record a queue entry points at, locally or (resolved by the broker) in the tier."""
         phys = self.store.phys_at(topic, qid, off)
+        if phys is None and self.cold_phys:
+            phys = self.cold_phys.pop((topic, qid, off), None)
+            if phys is not None and phys < 0:
+                phys = None
+        return phys
+
+    def _dead_letter(self, group, topic, qid, off, c: Cursor, inf: Inflight) -> PutResult:
+        phys = self._phys(topic, qid, off)
         del c.inflight[off]
         data = {"g": group, "t": topic, "q": qid, "o": off}
         if phys is None:  # gone by retention: nothing left to dead-letter
@@ -344,19 +381,26 @@ class PopService:
         heap = self._heap
         last = None
         cfg = self.config
+        wanted, later = self.cold_wanted, []
         while heap and heap[0][0] <= now:
-            vis, group, topic, qid, off, version = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            vis, group, topic, qid, off, version = entry
             c = self.cursors.get((group, topic, qid))
             inf = c.inflight.get(off) if c is not None else None
             if inf is None or inf.version != version or inf.visible_at != vis:
                 continue  # acked, re-hidden or redelivered since
+            if wanted is not None and (topic, qid, off) not in self.cold_phys and (
+                    self.store.phys_at(topic, qid, off) is None):
+                wanted.append((topic, qid, off))  # popped from the tier: the broker looks it up
+                later.append(entry)
+                continue
             if inf.attempt >= cfg.max_delivery_attempts:
                 last = self._dead_letter(group, topic, qid, off, c, inf)  # type: ignore[arg-type]
                 continue
             if c.fifo:  # type: ignore[union-attr]
                 self.notify(topic)  # redelivered in place by the next pop
                 continue
-            phys = self.store.phys_at(topic, qid, off)
+            phys = self._phys(topic, qid, off)
             del c.inflight[off]  # type: ignore[union-attr]
             data = {"g": group, "t": topic, "q": qid, "o": off}
             if phys is None:
@@ -372,6 +416,8 @@ class PopService:
                 self.notify(rt)
             else:
                 last = self.timers.schedule_link(phys, rt, 0, now + backoff, "rev", data, props, inf.attempt)
+        for entry in later:
+            heapq.heappush(heap, entry)
         return last
 
     def _origin_of(self, topic: str, qid: int, off: int) -> str:

@@ -95,7 +95,8 @@ def test_a_stray_next_file_is_deleted_at_start(stores) -> None:
     stray = cl_dir / f"{2 * SEG:020d}.next"  # as left by a crash while preparing
     stray.write_bytes(b"\x07" * 4096)
     s2 = stores.open(s.config)
-    assert not stray.exists()
+    # the store's flush thread may prepare its own next segment under that name at once
+    assert not stray.exists() or not stray.read_bytes().startswith(b"\x07" * 4096)
     assert [m.body for m in read_all(s2, "S", 0)] == [m.body for m in sent]
     more = fill_to_roll(s2, "S", 500)
     assert [m.body for m in read_all(s2, "S", 0)] == [m.body for m in sent + more]

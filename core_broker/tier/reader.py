@@ -148,6 +148,12 @@ class TierReader:
             raise CorruptRecordError(f"no record at commitlog offset {phys} in the tier")
         return self._read("segment", m, off, off + size)
 
+    def record_at(self, phys: int) -> tuple[StoredMessage, tuple[int, int]]:
+        """The record at ``phys`` in the tier as stored (a link unresolved), and its link origin
+        ((-1, 0) for a message)."""
+        buf = self._record(phys)
+        return record.decode(buf, 0), record.link_origin(buf, 0)
+
     def read_phys(self, phys: int) -> StoredMessage:
         """The message at a commitlog offset, wherever it is now; a link resolves to its origin
         (a local link's origin too, when only the tier still holds it). Blocks on the network."""
@@ -258,6 +264,15 @@ class TierReader:
                 except (CorruptRecordError, ValueError):
                     continue
         return out
+
+    def phys_at(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """The commitlog offset a queue entry only the tier holds points at (one ranged read of
+        the index object, cached), or None. Blocks on the network: run it on the read workers."""
+        for first, end, pos, m in self._ranges(topic, queue_id):
+            if first <= offset < end:
+                at = pos + (offset - first) * ENTRY.size
+                return ENTRY.unpack(self._read("index", m, at, at + ENTRY.size))[0]
+        return None
 
     # ------------------------------------------------------------------ by time
 

@@ -56,6 +56,16 @@ class TierService:
         """Local retention's question: is ``segment`` confirmed in the tier?"""
         return self.uploader.confirmed(segment.base)
 
+    def read_record(self, offset: int) -> StoredMessage:
+        """The record at a commitlog offset only the tier holds, as ``CommitLog.read`` gives a
+        local one (a link unresolved). Blocks on the network unless its blocks are cached:
+        ``cold_pops`` reads them on the read workers before the store's ``put_link`` asks."""
+        return self.reader.record_at(offset)[0]
+
+    def record_link_origin(self, offset: int) -> tuple[int, int]:
+        """(origin offset, origin size) of a link record only the tier holds; (-1, 0) otherwise."""
+        return self.reader.record_at(offset)[1]
+
     async def get_async(
         self, topic: str, queue_id: int, offset: int, max_count: int, msg_filter: "MessageFilter | None" = None
     ) -> GetResult | None:

@@ -1,0 +1,78 @@
+"""Pops of messages only the tier holds: reads done off the event loop before a pop.
+
+Why a step before the pop: ``PopService`` runs on the event loop without I/O (a pop is a
+cursor move and a journal entry), and a cold read waits on the network. So the broker asks
+here first: every queue whose pop cursor lies below the local queue's minimum (a consumer
+group behind local retention, or new and reading from the start) is read from the tier on
+its read workers, and a retry queue through ``get_local_async`` (a retry link whose origin
+only the tier holds is delivered, not skipped). The pop uses a read only if the queue's
+cursor is still where the read started. Without this a pop cursor jumped over everything
+local retention removed: a lagging group silently lost those messages.
+
+An in-flight message popped from the tier has no local queue entry, so when its invisible
+time ends the revive cannot find the record to retry or dead-letter; ``PopService`` lists
+those and :meth:`ColdPops.resolve` looks their records up in the tier's index objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from ..errors import CorruptRecordError
+from ..system_topics import RETRY_PREFIX
+
+if TYPE_CHECKING:
+    from ..message_store import MessageFilter
+    from ..pop_service import PopService, ReadAhead
+    from .service import TierService
+
+
+class ColdPops:
+    def __init__(self, tier: "TierService", pops: "PopService") -> None:
+        self.tier = tier
+        self.pops = pops
+        pops.min_offset = tier.min_offset  # a new group reading from the start starts in the tier
+        pops.cold_wanted = []
+
+    async def read_ahead(
+        self, group: str, queues: list[tuple[str, int]], max_count: int, msg_filter: "MessageFilter | None",
+        fifo: bool, from_latest: bool,
+    ) -> "ReadAhead":
+        out: ReadAhead = {}
+        store = self.tier.store
+        for topic, qid in queues:
+            c = self.pops.cursor(group, topic, qid, fifo, from_latest)
+            start = c.next
+            if start < store.min_offset(topic, qid):
+                r = await self.tier.get_async(topic, qid, start, max_count, msg_filter)
+                if r is not None:
+                    out[(topic, qid)] = (start, r)
+            elif topic.startswith(RETRY_PREFIX):
+                out[(topic, qid)] = (start, await self.tier.get_local_async(topic, qid, start, max_count, msg_filter))
+        return out
+
+    async def resolve(self) -> bool:
+        """Look up the records of the in-flight messages the last revive could not find locally;
+        True if there were any (the caller revives again)."""
+        wanted = self.pops.cold_wanted
+        if not wanted:
+            return False
+        todo, wanted[:] = list(dict.fromkeys(wanted)), []
+        loop = asyncio.get_running_loop()
+        for key in todo:
+            phys = await loop.run_in_executor(self.tier._read_pool, self._look_up, *key)
+            self.pops.cold_phys[key] = -1 if phys is None else phys
+        return True
+
+    def _look_up(self, topic: str, qid: int, offset: int) -> int | None:
+        """The entry's record offset; its record (and a link's origin) read too, so the
+        ``put_link`` of the revive that follows finds their blocks in the cache."""
+        reader = self.tier.reader
+        phys = reader.phys_at(topic, qid, offset)
+        if phys is not None:
+            try:
+                reader.read_phys(phys)
+            except (CorruptRecordError, ValueError):
+                return None
+        return phys
