@@ -47,7 +47,6 @@ from .flush_service import FlushService
 from .group_commit import GroupCommit
 from .index_file import IndexService
 from .json_file import read_json, write_json_atomic
-from .mapped_file import MappedFile
 from .model import (
     GetResult,
     GetStatus,
@@ -57,6 +56,7 @@ from .model import (
     StoredMessage,
 )
 from .offset_store import ConsumerOffsetStore
+from .segment_keeper import SegmentKeeper
 from .system_topics import LMQ_PREFIX
 from .topic_config import TopicConfigManager
 
@@ -78,17 +78,6 @@ class MessageFilter(Protocol):
     matches_all: bool
 
     def matches(self, tag: str | None, properties: dict[str, str]) -> bool: ...
-
-
-class SegmentKeeper(Protocol):
-    """What retention asks before deleting a segment (the tier, ``core_broker.tier``), and
-    where a link finds an origin that left local disk (a retry of a message popped from it)."""
-
-    def may_delete(self, segment: MappedFile) -> bool: ...
-
-    def read_record(self, offset: int) -> StoredMessage: ...
-
-    def record_link_origin(self, offset: int) -> tuple[int, int]: ...
 
 
 class MessageStore:
