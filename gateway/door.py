@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from core_broker.config import BrokerConfig, StoreConfig
 
+from .tls import ServerTls, TlsFiles, check_verify_client
+
 if TYPE_CHECKING:  # type hints only: the processor API pulls in the core's modules
     from .api import MessagingAPI
 
@@ -103,10 +105,12 @@ def check_port(name: str, port: object, *, off: bool = False) -> None:
 
 
 def check_tls_pair(prefix: str, cert: object, key: object) -> None:
-    """``<prefix>_tls_cert`` and ``_key``: both or neither, each a readable file."""
+    """``<prefix>_tls_cert`` and ``_key`` (``tls_cert``/``tls_key`` for an empty prefix): both or
+    neither, each a readable file."""
+    knob = f"{prefix}_tls" if prefix else "tls"
     if bool(cert) != bool(key):
-        raise ValueError(f"{prefix}_tls_cert and {prefix}_tls_key must be given together")
-    for name, path in ((f"{prefix}_tls_cert", cert), (f"{prefix}_tls_key", key)):
+        raise ValueError(f"{knob}_cert and {knob}_key must be given together")
+    for name, path in ((f"{knob}_cert", cert), (f"{knob}_key", key)):
         if not isinstance(path, str):
             raise ValueError(f"{name} must be a path string, got {path!r}")
         if path and not Path(path).expanduser().is_file():
@@ -124,10 +128,28 @@ class DoorSettings:
     store: StoreConfig = field(default_factory=StoreConfig)
     # Consumption semantics: retries, dead letters, timers, transactions ([broker] table).
     broker: BrokerConfig = field(default_factory=BrokerConfig)
+    # TLS for every door (README "TLS"): a certificate (chain) and key in PEM used by each
+    # door that has none of its own (<door>_tls_cert/_key win); empty: plaintext doors.
+    tls_cert: str = ""
+    tls_key: str = ""
+    # Client certificates: the CA bundle they must chain to, and whether the doors ask
+    # for one: none | optional (verified when given) | required (no certificate, no TLS).
+    tls_client_ca: str = ""
+    tls_verify_client: str = "none"
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"host must be a non-empty string, got {self.host!r}")
+        check_tls_pair("", self.tls_cert, self.tls_key)
+        check_verify_client(self.tls_verify_client, self.tls_client_ca)
+
+    def tls_files(self, cert: str, key: str) -> TlsFiles | None:
+        """A door's TLS files: its own certificate pair, else the shared one; None: plaintext."""
+        if not cert:
+            cert, key = self.tls_cert, self.tls_key
+        if not cert:
+            return None
+        return TlsFiles(cert, key, self.tls_client_ca, self.tls_verify_client)
 
 
 S = TypeVar("S", bound=DoorSettings)
@@ -146,7 +168,15 @@ class ServerState(Generic[S]):
     processor: MessagingAPI | None = None
     phase: str = "starting"
     listening: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # Every door's TLS contexts, reloaded together on SIGHUP (``unimq.process``).
+    tls: list[ServerTls] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
         return self.phase == "ready"
+
+    def server_tls(self, files: TlsFiles, label: str) -> ServerTls:
+        """A door's TLS context from ``files``, registered for reload with the process's others."""
+        tls = ServerTls(files, label)
+        self.tls.append(tls)
+        return tls

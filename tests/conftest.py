@@ -27,8 +27,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LISTEN_LINE = re.compile(r"^unimq: (?P<door>\w+) listening on \[?(?P<host>[^\]]+?)\]?:(?P<port>\d+)$")
 PORT_FLAGS = (
-    "--mqtt-port", "--mqtt-ws-port", "--mqtt-tls-port", "--amqp-port", "--http-port", "--grpc-port", "--namesrv-port",
-    "--broker-port",
+    "--mqtt-port", "--mqtt-ws-port", "--mqtt-tls-port", "--amqp-port", "--amqp-tls-port",
+    "--http-port", "--grpc-port", "--namesrv-port", "--broker-port",
 )
 TEST_STORE_SIZES = {
     "store.commitlog_segment_size": 64 * 1024 * 1024,

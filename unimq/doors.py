@@ -49,14 +49,19 @@ def build_doors(state: ServerState[UnimqSettings]) -> list[Listener]:
     if "mqtt" in enabled:
         doors += _mqtt_doors(state)
     if "amqp" in enabled:
-        from adapters.amqp.server import AmqpDoor
+        from adapters.amqp.server import AmqpDoor, AmqpTlsDoor
 
-        doors.append(Listener(AmqpDoor(state), settings.amqp_port, "AMQP door"))
+        amqp = AmqpDoor(state)
+        doors.append(Listener(amqp, settings.amqp_port, "AMQP door"))
+        amqps_port = settings.amqps_listener_port()
+        if amqps_port is not None:
+            doors.append(Listener(AmqpTlsDoor(state, amqp, amqps_port), amqps_port, "AMQPS door"))
     return doors
 
 
 def _mqtt_doors(state: ServerState[UnimqSettings]) -> list[Listener]:
-    """MQTT over TCP; over WebSocket unless turned off; over TLS with a certificate - one broker."""
+    """MQTT over TCP; over WebSocket unless turned off; over TLS and secure WebSocket with a
+    certificate - one broker."""
     from adapters.mqtt.server import MQTTDoor, MQTTTlsDoor, MQTTWebSocketDoor
 
     settings = state.settings
@@ -68,4 +73,8 @@ def _mqtt_doors(state: ServerState[UnimqSettings]) -> list[Listener]:
     tls_port = settings.tls_listener_port()
     if tls_port is not None:
         doors.append(Listener(MQTTTlsDoor(state, tcp.broker, port=tls_port), tls_port, "MQTT over TLS door"))
+    wss_port = settings.wss_listener_port()
+    if wss_port is not None:
+        doors.append(Listener(MQTTWebSocketDoor(state, tcp.broker, port=wss_port, secure=True), wss_port,
+                              "MQTT over secure WebSocket door"))
     return doors

@@ -22,7 +22,7 @@ from .connection import AmqpConnection
 
 log = logging.getLogger("unimq.amqp")
 
-__all__ = ["AmqpDoor"]
+__all__ = ["AmqpDoor", "AmqpTlsDoor"]
 
 
 class AmqpDoor:
@@ -86,3 +86,42 @@ class AmqpDoor:
             await asyncio.wait_for(self._server.wait_closed(), 5)
         except (asyncio.TimeoutError, Exception):
             pass
+
+
+class AmqpTlsDoor:
+    """AMQPS (``amqp_tls_port``, 5671 by default): AMQP 0-9-1 inside TLS, sharing the plain door's broker.
+
+    Why a port of its own: AMQP 0-9-1 has no STARTTLS; clients (pika's
+    ``SSLOptions``, aio-pika's ``amqps://``) open TLS first on 5671, as with
+    RabbitMQ's ``listeners.ssl``. The handshake is asyncio's (the ``ssl`` module);
+    a client that does not complete it (plain AMQP sent here) is dropped without
+    reaching the broker. Started after :class:`AmqpDoor` and stopped before it:
+    the plain door's stop closes every connection of the broker, these included.
+    """
+
+    name = "amqps"
+
+    def __init__(self, state: Any, plain: AmqpDoor, port: int) -> None:
+        self._state = state
+        self._plain = plain
+        self.port = port
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> tuple[str, int]:
+        from gateway.door import bind_socket
+
+        settings = self._state.settings
+        files = settings.amqp_tls_files()
+        tls = self._state.server_tls(files, "AMQPS door")
+        broker = self._plain.broker
+        assert broker is not None, "the plain AMQP door starts first"
+        sock = bind_socket(settings.host, self.port)
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: AmqpConnection(broker, settings), sock=sock, ssl=tls.context, ssl_handshake_timeout=10.0)
+        host, port = sock.getsockname()[:2]
+        return host, port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()  # the plain door's stop closes the connections
+            self._server = None

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.door import DoorSettings, check_port
+from gateway.door import DoorSettings, check_port, check_tls_pair
+from gateway.tls import TlsFiles
 
 __all__ = ["AmqpSettings"]
 
@@ -18,6 +19,11 @@ class AmqpSettings(DoorSettings):
     """The AMQP door's listener and knobs."""
 
     amqp_port: int = 5672
+    # AMQPS: with a certificate (amqp_tls_cert/_key, or the shared tls_cert/_key) a TLS listener
+    # on amqp_tls_port (unset: 5671, or a free port when amqp_port is 0) beside the plain one.
+    amqp_tls_cert: str = ""
+    amqp_tls_key: str = ""
+    amqp_tls_port: int | None = None
     # Users: name -> password, checked at PLAIN/AMQPLAIN login; TOML: amqp_users = { guest = "guest" }.
     # Users in amqp_loopback_users may log in from loopback addresses only (RabbitMQ's rule for guest).
     amqp_users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
@@ -38,6 +44,9 @@ class AmqpSettings(DoorSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_port("amqp_port", self.amqp_port)
+        if self.amqp_tls_port is not None:
+            check_port("amqp_tls_port", self.amqp_tls_port)
+        check_tls_pair("amqp", self.amqp_tls_cert, self.amqp_tls_key)
         if not isinstance(self.amqp_users, dict) or not all(
             isinstance(k, str) and k and isinstance(v, str) for k, v in self.amqp_users.items()
         ):
@@ -52,3 +61,15 @@ class AmqpSettings(DoorSettings):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
+
+    def amqp_tls_files(self) -> TlsFiles | None:
+        """The AMQPS listener's certificate: amqp_tls_cert, else the shared tls_cert; None: no AMQPS."""
+        return self.tls_files(self.amqp_tls_cert, self.amqp_tls_key)
+
+    def amqps_listener_port(self) -> int | None:
+        """The AMQPS port to bind (0: a free one), None without a certificate."""
+        if self.amqp_tls_files() is None:
+            return None
+        if self.amqp_tls_port is None:
+            return 0 if self.amqp_port == 0 else 5671
+        return self.amqp_tls_port

@@ -1,5 +1,8 @@
 """The HTTP door: the FastAPI app (``http_app``) served by uvicorn on the process's event loop.
 
+With a certificate (``http_tls_cert`` or the shared ``tls_cert``) the same port
+serves HTTPS only, from a context of ``gateway.tls`` (reloaded on SIGHUP).
+
 Why uvicorn embedded rather than run stand-alone: the door must share the
 loop, the signals and the shutdown order of the process that holds the store
 (see ``embedded_uvicorn``); and the socket is bound here (``bind_socket``), so
@@ -32,6 +35,9 @@ class HttpDoor:
 
     async def start(self) -> tuple[str, int]:
         settings = self._state.settings
+        files = settings.tls_files(settings.http_tls_cert, settings.http_tls_key)
+        # HTTPS: uvicorn serves the door's own context (the one SIGHUP reloads, gateway.tls)
+        tls = self._state.server_tls(files, "HTTPS door") if files is not None else None
         sock = bind_socket(settings.host, settings.http_port)
         config = uvicorn.Config(
             create_app(self._state),
@@ -41,6 +47,9 @@ class HttpDoor:
             access_log=False,
             timeout_graceful_shutdown=5,
         )
+        if tls is not None:
+            config.load()  # serve() skips a loaded config; its ssl is then the door's context
+            config.ssl = tls.context
         server = EmbeddedUvicorn(config)
         self._server = server
         self._task = asyncio.create_task(server.serve(sockets=[sock]), name="unimq-http")

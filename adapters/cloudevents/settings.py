@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.door import DoorSettings, check_port
+from gateway.door import DoorSettings, check_port, check_tls_pair
 
 __all__ = ["HttpSettings"]
 
@@ -18,6 +18,10 @@ class HttpSettings(DoorSettings):
     """The HTTP door's listener and knobs."""
 
     http_port: int = 8080
+    # HTTPS: with a certificate (http_tls_cert/_key, or the shared tls_cert/_key) the HTTP port
+    # serves HTTPS only.
+    http_tls_cert: str = ""
+    http_tls_key: str = ""
     # Largest request body accepted (413 beyond it); a single message is further bounded
     # by [store] max_message_size, a batch by its event count (1024).
     http_max_body_bytes: int = 16 * 1024 * 1024
@@ -33,6 +37,7 @@ class HttpSettings(DoorSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_port("http_port", self.http_port)
+        check_tls_pair("http", self.http_tls_cert, self.http_tls_key)
         if (
             isinstance(self.http_max_body_bytes, bool)
             or not isinstance(self.http_max_body_bytes, int)

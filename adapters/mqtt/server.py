@@ -120,18 +120,16 @@ class MQTTTlsDoor:
         self.host = host if host is not None else settings.host
         self.port = port if port is not None else (settings.mqtt_tls_port or 8883)
         self.broker = broker
-        self.cert, self.key = settings.mqtt_tls_cert, settings.mqtt_tls_key
+        self._state = state
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> tuple[str, int]:
-        import ssl
-
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(self.cert, self.key)
+        tls = self._state.server_tls(self._state.settings.mqtt_tls_files(), "MQTT over TLS door")
         sock = bind_socket(self.host, self.port, backlog=4096)
         broker = self.broker
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: _TcpProtocol(broker), sock=sock, ssl=ctx, ssl_handshake_timeout=broker.config.connect_timeout_s)
+            lambda: _TcpProtocol(broker), sock=sock, ssl=tls.context,
+            ssl_handshake_timeout=broker.config.connect_timeout_s)
         bound = sock.getsockname()
         return bound[0], bound[1]
 
@@ -187,24 +185,36 @@ class _WsTransport:
 
 
 class MQTTWebSocketDoor:
-    """MQTT over WebSocket (subprotocol ``mqtt``) on ``mqtt_ws_port``, any path."""
+    """MQTT over WebSocket (subprotocol ``mqtt``) on ``mqtt_ws_port``, any path; with ``secure``,
+    over TLS (wss://) on ``mqtt_wss_port`` with the MQTT door's certificate."""
 
     name = "mqttws"
 
-    def __init__(self, state: Any, broker: MQTTBroker, host: str | None = None, port: int | None = None) -> None:
+    def __init__(self, state: Any, broker: MQTTBroker, host: str | None = None, port: int | None = None,
+                 secure: bool = False) -> None:
         settings = getattr(state, "settings", None)
+        self._state = state
         self.host = host if host is not None else settings.host
         self.port = port if port is not None else settings.mqtt_ws_port
         self.broker = broker
+        self.secure = secure
+        if secure:
+            self.name = "mqttwss"
         self._server: Any = None
 
     async def start(self) -> tuple[str, int]:
         from websockets.asyncio.server import serve
 
+        ssl_context = None
+        if self.secure:
+            ssl_context = self._state.server_tls(self._state.settings.mqtt_tls_files(),
+                                                 "MQTT over secure WebSocket door").context
         sock = bind_socket(self.host, self.port)
         self._server = await serve(
             self._handler,
             sock=sock,
+            ssl=ssl_context,
+            open_timeout=self.broker.config.connect_timeout_s,
             subprotocols=["mqtt"],
             max_size=self.broker.config.max_packet_size + 16,
             compression=None,

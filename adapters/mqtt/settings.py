@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from gateway.api import DEFAULT_DOOR_MESSAGE_SIZE
 from gateway.door import DoorSettings, check_port, check_tls_pair
+from gateway.tls import TlsFiles
 
 from .config import MQTTConfig
 
@@ -59,6 +60,10 @@ class MqttSettings(DoorSettings):
     mqtt_tls_cert: str = ""
     mqtt_tls_key: str = ""
     mqtt_tls_port: int | None = None
+    # MQTT over secure WebSocket (wss://, subprotocol "mqtt") with the MQTT certificate (or the
+    # shared tls_cert), on this port when set (8084 is the usual one; 0 picks a free one).
+    # Unset: no WSS listener (as Mosquitto, it is opened only when asked for).
+    mqtt_wss_port: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -67,6 +72,8 @@ class MqttSettings(DoorSettings):
             check_port("mqtt_ws_port", self.mqtt_ws_port, off=True)
         if self.mqtt_tls_port is not None:
             check_port("mqtt_tls_port", self.mqtt_tls_port)
+        if self.mqtt_wss_port is not None:
+            check_port("mqtt_wss_port", self.mqtt_wss_port)
         check_tls_pair("mqtt", self.mqtt_tls_cert, self.mqtt_tls_key)
 
     def ws_listener_port(self) -> int | None:
@@ -77,11 +84,22 @@ class MqttSettings(DoorSettings):
 
     def tls_listener_port(self) -> int | None:
         """The MQTT over TLS port to bind (0: a free one), None without a certificate."""
-        if not self.mqtt_tls_cert:
+        if self.mqtt_tls_files() is None:
             return None
         if self.mqtt_tls_port is None:
             return 0 if self.mqtt_port == 0 else 8883
         return self.mqtt_tls_port
+
+    def wss_listener_port(self) -> int | None:
+        """The MQTT over secure WebSocket port to bind (0: a free one), None when not asked for or
+        without a certificate."""
+        if self.mqtt_tls_files() is None:
+            return None
+        return self.mqtt_wss_port
+
+    def mqtt_tls_files(self) -> TlsFiles | None:
+        """The MQTT door's certificate: its own (mqtt_tls_cert), else the shared tls_cert."""
+        return self.tls_files(self.mqtt_tls_cert, self.mqtt_tls_key)
 
     def mqtt_config(self) -> MQTTConfig:
         """The broker's configuration from these knobs (the broker's own defaults for the rest)."""

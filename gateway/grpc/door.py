@@ -1,8 +1,10 @@
 """The gRPC door of `unimq up`: a grpc.aio server for RocketMQ 5's v2 protocol.
 
 Plaintext by default (the official clients' ``tls_enable=False``); with
-``grpc_tls_cert`` and ``grpc_tls_key`` set (``--grpc-tls-cert/--grpc-tls-key``)
-the same port serves TLS only. The door registers itself as the processor's
+``grpc_tls_cert`` and ``grpc_tls_key`` set (``--grpc-tls-cert/--grpc-tls-key``),
+or the shared ``tls_cert``/``tls_key``, the same port serves TLS only. grpcio
+has its own TLS stack, so the certificate is handed over as PEM through its
+certificate fetcher, which also picks up a reload (SIGHUP, ``gateway.tls``). The door registers itself as the processor's
 transaction checker, so an open transaction is checked back with a live
 producer over its Telemetry stream.
 """
@@ -10,12 +12,13 @@ producer over its Telemetry stream.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 from rocketmq.grpc_protocol import service_pb2 as spb
+
+from gateway.tls import ServerTls
 
 from . import convert as cv
 from .service import MessagingService
@@ -29,11 +32,32 @@ def _listen_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def server_credentials(cert_file: str | Path, key_file: str | Path) -> grpc.ServerCredentials:
-    """TLS credentials from PEM files (the certificate may be a chain)."""
-    cert = Path(cert_file).expanduser().read_bytes()
-    key = Path(key_file).expanduser().read_bytes()
-    return grpc.ssl_server_credentials([(key, cert)])
+def reloading_credentials(tls: ServerTls) -> grpc.ServerCredentials:
+    """TLS credentials that follow ``tls``'s reloads: grpcio asks the fetcher before each new
+    handshake, and gets the files read again only when ``tls.generation`` moved.
+
+    Client certificates: grpcio can require and verify them or not ask at all, so
+    ``tls_verify_client = optional`` does not ask on this door (README "TLS").
+    """
+    def config() -> Any:
+        cert, key, ca = tls.pem()
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    served = [tls.generation]
+
+    def fetch() -> Any:
+        if tls.generation == served[0]:
+            return None  # unchanged: grpcio keeps the current one
+        try:
+            fresh = config()
+        except OSError as e:
+            log.error("gRPC door: keeping the old certificate: %s", e)
+            return None
+        served[0] = tls.generation
+        return fresh
+
+    return grpc.dynamic_ssl_server_credentials(
+        config(), fetch, require_client_authentication=tls.files.verify_client == "required")
 
 
 def _decoding(request_cls: Any, fn: Any, streaming_request: bool, streaming_response: bool) -> Any:
@@ -137,11 +161,10 @@ class GrpcDoor:
         )
         server.add_generic_rpc_handlers((service_handler(self.service),))
         address = _listen_address(settings.host, settings.grpc_port)
+        files = settings.tls_files(settings.grpc_tls_cert, settings.grpc_tls_key)
         try:
-            if settings.grpc_tls_cert:
-                port = server.add_secure_port(
-                    address, server_credentials(settings.grpc_tls_cert, settings.grpc_tls_key)
-                )
+            if files is not None:
+                port = server.add_secure_port(address, reloading_credentials(self._state.server_tls(files, "gRPC door")))
             else:
                 port = server.add_insecure_port(address)
         except RuntimeError as e:  # grpc reports a failed bind this way
@@ -155,7 +178,7 @@ class GrpcDoor:
         self.service.default_endpoints = cv.endpoints([(advertised, port)])
         processor.add_transaction_checker(self.service.check_transaction)
         # debug: the process announces every listener once on stdout (unimq: grpc listening on ...)
-        log.debug("grpc door on %s (%s)", address, "TLS" if settings.grpc_tls_cert else "plaintext")
+        log.debug("grpc door on %s (%s)", address, "TLS" if files is not None else "plaintext")
         return settings.host, port
 
     async def stop(self) -> None:

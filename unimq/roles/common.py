@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from gateway.api import ProcessorConfig
     from unimq.settings import UnimqSettings
 
-__all__ = ["add_door_port_flags", "port_arg", "processor_config"]
+__all__ = ["add_door_port_flags", "add_tls_flags", "port_arg", "processor_config"]
 
 
 def port_arg(text: str) -> int:
@@ -36,7 +36,11 @@ DOOR_PORT_FLAGS = (
     ("--mqtt-ws-port", "mqtt_ws_port", "MQTT over WebSocket", "8083, or a free one when --mqtt-port is 0; -1 = off"),
     ("--mqtt-tls-port", "mqtt_tls_port", "MQTT over TLS (with --mqtt-tls-cert)",
      "8883, or a free one when --mqtt-port is 0"),
+    ("--mqtt-wss-port", "mqtt_wss_port", "MQTT over secure WebSocket (with a certificate; usually 8084)",
+     "none: not opened"),
     ("--amqp-port", "amqp_port", "AMQP 0-9-1", None),
+    ("--amqp-tls-port", "amqp_tls_port", "AMQPS (with --amqp-tls-cert or --tls-cert)",
+     "5671, or a free one when --amqp-port is 0"),
     ("--http-port", "http_port", "HTTP/CloudEvents", None),
     ("--grpc-port", "grpc_port", "RocketMQ 5 gRPC", None),
 )
@@ -50,6 +54,28 @@ def add_door_port_flags(p: argparse.ArgumentParser) -> None:
     for flag, dest, what, default in DOOR_PORT_FLAGS:
         p.add_argument(flag, dest=dest, type=port_or_off_arg if dest == "mqtt_ws_port" else port_arg, metavar="N",
                        help=f"{what} port, 0 = pick a free one (default: {default or getattr(defaults, dest)})")
+
+
+def add_tls_flags(p: argparse.ArgumentParser) -> None:
+    """The doors' TLS flags (``unimq up`` and ``unimq gateway``; README "TLS")."""
+    from gateway.tls import VERIFY_CLIENT
+
+    g = p.add_argument_group("TLS (README: TLS)")
+    g.add_argument("--tls-cert", dest="tls_cert", metavar="PEM",
+                   help="certificate (chain) for every door without one of its own: AMQPS, HTTPS, MQTT over "
+                        "TLS and WSS, gRPC over TLS")
+    g.add_argument("--tls-key", dest="tls_key", metavar="PEM", help="private key of --tls-cert")
+    g.add_argument("--tls-client-ca", dest="tls_client_ca", metavar="PEM",
+                   help="CA bundle client certificates must chain to")
+    g.add_argument("--tls-verify-client", dest="tls_verify_client", choices=VERIFY_CLIENT,
+                   help="ask clients for a certificate (default: none)")
+    for door, what in (("amqp", "also serve AMQPS (on --amqp-tls-port)"), ("http", "serve the HTTP door as HTTPS"),
+                       ("grpc", "serve the gRPC door over TLS"),
+                       ("mqtt", "also serve MQTT over TLS (--mqtt-tls-port) and WSS (--mqtt-wss-port)")):
+        g.add_argument(f"--{door}-tls-cert", dest=f"{door}_tls_cert", metavar="PEM",
+                       help=f"{what} with this certificate (chain)")
+        g.add_argument(f"--{door}-tls-key", dest=f"{door}_tls_key", metavar="PEM",
+                       help=f"private key of --{door}-tls-cert")
 
 
 def processor_config(settings: UnimqSettings) -> ProcessorConfig:

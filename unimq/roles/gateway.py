@@ -8,7 +8,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from .common import add_door_port_flags, port_arg
+from .common import add_door_port_flags, add_tls_flags, port_arg
 
 from .role import Role
 
@@ -26,6 +26,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namesrv", required=True, metavar="HOST:PORT[,HOST:PORT]")
     p.add_argument("--rpc-port", dest="rpc_port", type=port_arg, metavar="N", help="processor RPC port")
     add_door_port_flags(p)
+    add_tls_flags(p)
 
 
 async def _start(node: Node) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from core_broker.config import FlushMode
 
 from .broker import start_broker
-from .common import add_door_port_flags, port_arg
+from .common import add_door_port_flags, add_tls_flags, port_arg
 from .nameserver import start_nameserver
 from .role import Role
 
@@ -42,12 +42,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "0 = pick a free one (default: 0)")
     p.add_argument("--flush", choices=[m.value for m in FlushMode],
                    help=f"async: ack from page cache; sync: ack after fsync, group commit (default: {store.flush.value})")
-    p.add_argument("--grpc-tls-cert", dest="grpc_tls_cert", metavar="PEM",
-                   help="serve the gRPC door over TLS with this certificate (chain)")
-    p.add_argument("--grpc-tls-key", dest="grpc_tls_key", metavar="PEM", help="private key of --grpc-tls-cert")
-    p.add_argument("--mqtt-tls-cert", dest="mqtt_tls_cert", metavar="PEM",
-                   help="also serve MQTT over TLS (on --mqtt-tls-port) with this certificate (chain)")
-    p.add_argument("--mqtt-tls-key", dest="mqtt_tls_key", metavar="PEM", help="private key of --mqtt-tls-cert")
+    add_tls_flags(p)
 
 
 async def _start(node: Node) -> None:
