@@ -3,7 +3,8 @@
 :func:`run` starts the role's core (nameserver, broker, processor: see
 ``unimq.roles``), declares the configured topics, starts the protocol doors in
 order (``unimq.doors``), announces each listener on stdout, flips ``/healthz``
-to ready, and on SIGTERM/SIGINT undoes it all in reverse, so the store is
+to ready, reloads the TLS certificate files on SIGHUP, and on SIGTERM/SIGINT
+undoes it all in reverse, so the store is
 always shut down last (flushed, checkpointed, abort marker removed) after no
 door can write to it any more.
 
@@ -37,16 +38,29 @@ GC_GEN0_THRESHOLD = 10_000  # see where run() sets it
 __all__ = ["run"]
 
 
-def _install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> list[int]:
-    """Route SIGTERM/SIGINT to ``stop``; returns the signals installed (none off the main thread)."""
+def _install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, node: Node) -> list[int]:
+    """Route SIGTERM/SIGINT to ``stop`` and SIGHUP to :func:`_reload`; returns the signals
+    installed (none off the main thread)."""
     installed: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig, handler in ((signal.SIGTERM, stop.set), (signal.SIGINT, stop.set), (signal.SIGHUP, lambda: _reload(node))):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, handler)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
             continue
         installed.append(sig)
     return installed
+
+
+def _reload(node: Node) -> None:
+    """SIGHUP: read every TLS certificate file again (README "TLS").
+
+    New handshakes use the new files; open connections keep theirs (``gateway.tls``).
+    On the loop, not a worker thread: the contexts are used by the loop's handshakes,
+    and a reload reads a few small files once in a while.
+    """
+    contexts = node.state.tls
+    ok = sum(tls.reload() for tls in contexts)
+    log.info("SIGHUP: %d of %d TLS certificates reloaded", ok, len(contexts))
 
 
 async def run(
@@ -64,8 +78,8 @@ async def run(
     """
     loop = asyncio.get_running_loop()
     stop = stop_event if stop_event is not None else asyncio.Event()
-    signals = _install_signal_handlers(loop, stop)
     node = Node(settings)
+    signals = _install_signal_handlers(loop, stop, node)
     state = node.state
     try:
         # The role's core (nameserver, broker, processor); recovery runs on a worker thread.
