@@ -6,6 +6,7 @@ import argparse
 import asyncio
 from typing import Any
 
+from core_broker.remoting import auth
 from nameserver.client import parse_addresses
 
 
@@ -19,6 +20,7 @@ def add_parser(sub: Any) -> Any:
     status.add_argument("--controller", default="127.0.0.1:9880", metavar="HOST:PORT,...",
                         help="controller RPC addresses (default 127.0.0.1:9880)")
     status.add_argument("--timeout", type=float, default=3.0)
+    auth.add_flags(status)  # the controller's port asks for the cluster's credentials when it has them
     return actions
 
 
@@ -41,6 +43,13 @@ def format_report(report: dict[str, dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from nameserver.controller_client import ControllerClient  # on use: `unimq --help` stays light
+
+    try:
+        auth.configure(auth.from_settings(args.cluster_secret or "", args.cluster_secret_file or "",
+                                          args.rpc_tls_cert or "", args.rpc_tls_key or "", args.rpc_tls_ca or ""))
+    except ValueError as exc:
+        print(f"unimq: error: {exc}")
+        return 2
 
     async def go() -> dict[str, dict[str, Any]]:
         client = ControllerClient(parse_addresses(args.controller), timeout_s=args.timeout)

@@ -42,7 +42,7 @@ def test_cluster_up_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert ready.wait(120), "".join(lines[-30:])
         out = "".join(lines)
         http = int(re.search(r"unimq: http listening on 127\.0\.0\.1:(\d+)", out).group(1))  # type: ignore[union-attr]
-        status_cmd = re.search(r"unimq: cluster status: (unimq cluster status --controller \S+)", out).group(1)  # type: ignore[union-attr]
+        status_cmd = re.search(r"unimq: cluster status: (unimq cluster status --controller .+)", out).group(1)  # type: ignore[union-attr]
         pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", out)]
         assert len(pids) == 3 + 3 + 1  # nameservers with controllers, a group of 3, the gateway
         deadline = time.monotonic() + 60

@@ -66,10 +66,11 @@ class TlsCA:
         self.path = directory / f"{name}.pem"
         self.path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, name: str, *, client: bool = False, cert_path: Path | None = None,
+    def issue(self, name: str, *, client: bool = False, node: bool = False, cert_path: Path | None = None,
               key_path: Path | None = None) -> tuple[Path, Path]:
-        """A certificate for ``name`` signed by this CA (a server's for 127.0.0.1/localhost, or a
-        client's), written to ``cert_path``/``key_path`` (default: ``<name>.pem``/``<name>.key``)."""
+        """A certificate for ``name`` signed by this CA (a server's for 127.0.0.1/localhost, a
+        client's, or with ``node`` both: a cluster node serves and connects), written to
+        ``cert_path``/``key_path`` (default: ``<name>.pem``/``<name>.key``)."""
         from cryptography.x509.oid import ExtendedKeyUsageOID
 
         key = ec.generate_private_key(ec.SECP256R1())
@@ -84,7 +85,8 @@ class TlsCA:
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if node
+                else [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         )
         if not client:
             builder = builder.add_extension(

@@ -23,6 +23,8 @@ from typing import Coroutine, Sequence
 
 from core_broker.errors import ConfigurationError
 
+from core_broker.remoting import auth as rpc_auth
+
 from .roles import ROLES, Role
 from .settings import LOG_LEVELS, UnimqSettings, load_settings
 
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(role.command, help=role.help, description=role.description)
         p.add_argument("--config", type=Path, metavar="FILE", help="TOML config file (see README, Configuration)")
         role.add_arguments(p)
+        rpc_auth.add_flags(p)
         p.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS,
                        help=f"log level on stderr (default: {default_level})")
         p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",

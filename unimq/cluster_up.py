@@ -55,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
     if not secret_file.exists():
         secret_file.write_text(secrets.token_hex(16))
     secret = secret_file.read_text().strip()
+    # the internal RPC's secret (README "Securing the cluster"): every process reads it from this file
+    rpc_secret = root / "cluster.secret"
+    if not rpc_secret.exists():
+        rpc_secret.touch(mode=0o600)
+        rpc_secret.write_text(secrets.token_hex(32))
+    auth = ["--cluster-secret-file", str(rpc_secret.resolve())]
     raft = [f"127.0.0.1:{_free_port()}" for _ in range(3)]
     procs: list[Proc] = []
     stopping = threading.Event()
@@ -67,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         nameservers = _start_parallel([
             (f"nameserver-{i + 1}", ["nameserver", "--port", "0", "--controller", "--controller-port", "0",
                                      "--data-dir", str(root / f"controller-{i + 1}"), "--raft-addr", raft[i],
-                                     "--peers", ",".join(raft), "--secret", secret])
+                                     "--peers", ",".join(raft), "--secret", secret, *auth])
             for i in range(3)
         ])
         procs += nameservers
@@ -78,14 +84,14 @@ def run(args: argparse.Namespace) -> int:
                                     "--namesrv", namesrv, "--group", f"g{g + 1}", "--broker-id", f"b{m + 1}",
                                     "--controller-addr", controllers, "--flush", args.flush,
                                     "--min-insync-replicas", str(args.min_insync_replicas), "--heartbeat-s", "2",
-                                    *(f"--set={kv}" for kv in args.sets)])
+                                    *(f"--set={kv}" for kv in args.sets), *auth])
             for g in range(args.groups) for m in range(args.replicas)
         ])
         procs += brokers
         gateway = start_proc("gateway", [
             "gateway", "--namesrv", namesrv, "--rpc-port", "0", "--http-port", str(args.http_port),
             "--grpc-port", str(args.grpc_port), "--mqtt-port", str(args.mqtt_port), "--amqp-port",
-            str(args.amqp_port), "--mqtt-ws-port", str(args.mqtt_ws_port)])
+            str(args.amqp_port), "--mqtt-ws-port", str(args.mqtt_ws_port), *auth])
         procs.append(gateway)
         for p in procs:
             ports = ", ".join(f"{k} {v}" for k, v in sorted(p.ports.items()))
@@ -93,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         for door in ("http", "grpc", "mqtt", "amqp"):
             if door in gateway.ports:
                 print(f"unimq: {door} listening on 127.0.0.1:{gateway.ports[door]}", flush=True)
-        print(f"unimq: cluster status: unimq cluster status --controller {controllers}", flush=True)
+        print(f"unimq: cluster status: unimq cluster status --controller {controllers} {' '.join(auth)}", flush=True)
         print("unimq: ready", flush=True)
         try:
             while not stopping.wait(0.5):

@@ -102,7 +102,10 @@ def write_toml(path: Path, top: dict, tables: dict[str, dict]) -> Path:
 class Cluster:
     def __init__(self, root: Path, brokers: int = 2, gateways: int = 2, lease_s: float = 120.0,
                  heartbeat_s: float = 30.0, extra_broker_args: list[str] | None = None,
-                 broker_toml: Path | None = None, gateway_toml: Path | None = None) -> None:
+                 broker_toml: Path | None = None, gateway_toml: Path | None = None,
+                 cluster_secret: str | None = None, common_args: list[str] | None = None) -> None:
+        """``cluster_secret``: every process proves it on the internal RPC (written to a file under
+        ``root``, passed as --cluster-secret-file); ``common_args`` go to every process."""
         self.root = root
         self.n_brokers = brokers
         self.n_gateways = gateways
@@ -111,6 +114,11 @@ class Cluster:
         self.extra_broker_args = extra_broker_args or []
         self.broker_toml = broker_toml
         self.gateway_toml = gateway_toml
+        self.common_args = list(common_args or [])
+        if cluster_secret is not None:
+            secret_file = root / "cluster.secret"
+            secret_file.write_text(cluster_secret)
+            self.common_args += ["--cluster-secret-file", str(secret_file)]
         self.nameserver: Proc | None = None
         self.brokers: dict[str, Proc] = {}
         self.gateways: list[Proc] = []
@@ -121,7 +129,8 @@ class Cluster:
         return f"127.0.0.1:{self.nameserver.ports['namesrv']}"
 
     def start(self) -> "Cluster":
-        self.nameserver = start_proc("nameserver", ["nameserver", "--port", "0", "--lease-s", str(self.lease_s)])
+        self.nameserver = start_proc("nameserver", ["nameserver", "--port", "0", "--lease-s", str(self.lease_s),
+                                                     *self.common_args])
         # brokers and gateways start in parallel: each only needs the nameserver
         from concurrent.futures import ThreadPoolExecutor
 
@@ -138,12 +147,13 @@ class Cluster:
         cfg = ["--config", str(self.broker_toml)] if self.broker_toml else []
         return start_proc(name, ["broker", *cfg, "--data-dir", str(self.root / name), "--port", "0",
                                  "--namesrv", self.namesrv, "--name", name, "--heartbeat-s", str(self.heartbeat_s),
-                                 *self.extra_broker_args])
+                                 *self.extra_broker_args, *self.common_args])
 
     def _spawn_gateway(self) -> Proc:
         cfg = ["--config", str(self.gateway_toml)] if self.gateway_toml else []
         return start_proc("gateway", ["gateway", *cfg, "--namesrv", self.namesrv, "--rpc-port", "0",
-                                      "--http-port", "0", "--mqtt-port", "0", "--amqp-port", "0", "--grpc-port", "0"])
+                                      "--http-port", "0", "--mqtt-port", "0", "--amqp-port", "0", "--grpc-port", "0",
+                                      *self.common_args])
 
     def start_broker(self, name: str) -> Proc:
         p = self._spawn_broker(name)

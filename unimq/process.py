@@ -22,6 +22,8 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
+from core_broker.remoting import auth as rpc_auth
+
 from .doors import build_doors
 from .node import Node, announce
 from .roles import ROLES
@@ -61,6 +63,10 @@ def _reload(node: Node) -> None:
     contexts = node.state.tls
     ok = sum(tls.reload() for tls in contexts)
     log.info("SIGHUP: %d of %d TLS certificates reloaded", ok, len(contexts))
+    try:
+        rpc_auth.current().reload()
+    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+        log.error("SIGHUP: the internal RPC's TLS files did not load (new connections may fail): %s", e)
 
 
 async def run(
@@ -79,6 +85,10 @@ async def run(
     loop = asyncio.get_running_loop()
     stop = stop_event if stop_event is not None else asyncio.Event()
     node = Node(settings)
+    # what this process proves on the internal RPC, and asks of its peers (checked before anything starts)
+    previous_credentials = rpc_auth.configure(rpc_auth.from_settings(
+        settings.cluster_secret, settings.cluster_secret_file, settings.rpc_tls_cert, settings.rpc_tls_key,
+        settings.rpc_tls_ca))
     signals = _install_signal_handlers(loop, stop, node)
     state = node.state
     try:
@@ -135,6 +145,7 @@ async def run(
             log.info("store shut down cleanly")
         for sig in signals:
             loop.remove_signal_handler(sig)
+        rpc_auth.configure(previous_credentials)
 
 
 def _declare_topics(store: MessageStore, settings: UnimqSettings) -> None:

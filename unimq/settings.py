@@ -144,6 +144,16 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
     default_queue_count: int = 8
     topics: list[TopicDecl] = field(default_factory=list)
     log_level: str = "info"
+    # The internal RPC (gateways, brokers, nameservers, replication, the controller's client
+    # port; README "Securing the cluster"): a secret every node proves at connection start
+    # (challenge-response, never sent), given inline or in a file; empty: no check.
+    cluster_secret: str = ""
+    cluster_secret_file: str = ""
+    # Mutual TLS on the internal RPC (encrypts it too): this node's certificate and key, and
+    # the CA every node's certificate must chain to. All three, or none.
+    rpc_tls_cert: str = ""
+    rpc_tls_key: str = ""
+    rpc_tls_ca: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()  # every door's own checks (and the host)

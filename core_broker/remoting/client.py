@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 from typing import Any
 
 from ..errors import UnimqError
+from . import auth
 from .codec import REQUEST, RESPONSE, FrameDecoder, FrameError, encode
 from .outbox import Outbox
 from .wire import error_from_wire, register_error
@@ -30,10 +32,13 @@ register_error(PeerConnectError)
 
 
 class RpcClient:
-    def __init__(self, host: str, port: int, connect_timeout: float = 3.0) -> None:
+    def __init__(self, host: str, port: int, connect_timeout: float = 3.0,
+                 credentials: auth.ClusterCredentials | None = None) -> None:
+        """``credentials``: what this client proves itself with (default: the process's, ``auth.configure``)."""
         self.host = host
         self.port = port
         self.connect_timeout = connect_timeout
+        self.credentials = credentials
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._writer: asyncio.StreamWriter | None = None
@@ -51,21 +56,41 @@ class RpcClient:
         async with self._lock:
             if self._writer is not None and not self._writer.is_closing():
                 return self._writer
+            creds = self.credentials or auth.current()
+            decoder = FrameDecoder()
+            writer = None
             try:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
                 # arrives as the connection attempt ends (refused at once by a dead peer, say), and
                 # a task being stopped then runs on (a replica switching masters hung on that).
                 async with asyncio.timeout(self.connect_timeout):
                     reader, writer = await asyncio.open_connection(self.host, self.port)
+                    # once per connection: mutual TLS and the cluster secret when configured (auth.py)
+                    if creds.tls:
+                        await self._start_tls(writer, creds)
+                    if creds.secret:
+                        await auth.client_handshake(reader, writer, decoder, creds, self.address)
+            except auth.RpcAuthError as e:
+                writer.close()  # type: ignore[union-attr]
+                auth.log.warning("refused by %s: %s", self.address, e)
+                raise
             except (OSError, TimeoutError) as e:
+                if writer is not None:
+                    writer.close()
                 raise PeerConnectError(f"cannot reach {self.address}: {e}") from None
             self._writer = writer
             self._outbox = Outbox(writer)
-            self._reader_task = asyncio.ensure_future(self._read_loop(reader, writer))
+            self._reader_task = asyncio.ensure_future(self._read_loop(reader, writer, decoder))
             return writer
 
-    async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        decoder = FrameDecoder()
+    async def _start_tls(self, writer: asyncio.StreamWriter, creds: auth.ClusterCredentials) -> None:
+        try:
+            await writer.start_tls(creds.client_ssl())  # type: ignore[arg-type]
+        except (ssl.SSLError, ConnectionError) as e:
+            raise auth.RpcAuthError(f"{self.address} refused the mutual TLS handshake: {e}") from None
+
+    async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         decoder: FrameDecoder) -> None:
         reason = "lost"
         try:
             while True:

@@ -3,6 +3,7 @@
 Frame: u32 big-endian length, then a msgpack array:
   request  [REQUEST, call_id, method, args(list), kwargs(map)]
   response [RESPONSE, call_id, ok(bool), result | [error_code, error_class, message]]
+  auth     [AUTH, step, value, ...]   the cluster-secret handshake at a connection's start (``auth.py``)
 
 The frame kind carries the format's version (high nibble): gateways, brokers and
 nameservers must run the same unimq version, and a peer of another version is
@@ -21,6 +22,8 @@ from .wire import packb, unpackb
 VERSION = 2
 REQUEST = VERSION << 4
 RESPONSE = REQUEST | 1
+AUTH = REQUEST | 2
+_KINDS = (REQUEST, RESPONSE, AUTH)
 MAX_FRAME = 64 * 1024 * 1024
 _LEN = struct.Struct(">I")
 
@@ -37,7 +40,7 @@ def encode(frame: list) -> bytes:
 class FrameDecoder:
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buf = bytearray()
-        self._max = max_frame
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> list[list[Any]]:
         self._buf += data
@@ -46,15 +49,15 @@ class FrameDecoder:
         pos = 0
         while len(buf) - pos >= 4:
             (n,) = _LEN.unpack_from(buf, pos)
-            if n > self._max:
-                raise FrameError(f"frame of {n} bytes exceeds the limit of {self._max}")
+            if n > self.max_frame:
+                raise FrameError(f"frame of {n} bytes exceeds the limit of {self.max_frame}")
             if len(buf) - pos - 4 < n:
                 break
             try:
                 frame = unpackb(bytes(buf[pos + 4 : pos + 4 + n]))
             except Exception as e:  # msgpack and the type hooks raise several types for bad input
                 raise FrameError(f"undecodable frame: {e}") from None
-            if not isinstance(frame, list) or len(frame) < 3 or frame[0] not in (REQUEST, RESPONSE):
+            if not isinstance(frame, list) or len(frame) < 3 or frame[0] not in _KINDS:
                 kind = frame[0] if isinstance(frame, list) and frame else None
                 if type(kind) is int and 0 <= kind < 256 and (kind >> 4 or 1) != VERSION:
                     raise FrameError(

@@ -12,11 +12,17 @@ import inspect
 import logging
 from typing import Any, Callable, Iterable
 
-from .codec import REQUEST, RESPONSE, FrameDecoder, FrameError, encode
+from . import auth
+from .codec import AUTH, REQUEST, RESPONSE, FrameDecoder, FrameError, encode
 from .outbox import Outbox
 from .wire import error_to_wire
 
 log = logging.getLogger("unimq.rpc")
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    addr = writer.get_extra_info("peername")
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
 
 
 class RpcServer:
@@ -24,23 +30,33 @@ class RpcServer:
         self, target: Any, methods: Iterable[str], name: str = "rpc",
         on_connections: Callable[[int], None] | None = None,
         guard: Callable[[str], None] | None = None,
+        credentials: auth.ClusterCredentials | None = None,
     ) -> None:
         """``on_connections(n)`` runs whenever the number of open connections changes (a broker
         learns whether any gateway is connected). ``guard(method)`` runs before each call and
-        may refuse it with a typed error (a replica refuses what only its master serves)."""
+        may refuse it with a typed error (a replica refuses what only its master serves).
+        ``credentials``: what peers must prove at connection start (default: the process's,
+        ``auth.configure``; nothing unless configured)."""
         self.target = target
         self.guard = guard
         self.on_connections = on_connections
         self.methods = {m: getattr(target, m) for m in methods}
         self.name = name
+        self.credentials = credentials
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task] = set()
 
     async def start(self, host: str, port: int, sock: Any = None) -> tuple[str, int]:
+        # mutual TLS when configured: the handshake runs before _handle (a failed one is logged by
+        # auth's context); not start_tls in _handle, which would race the client's first bytes
+        creds = self.credentials or auth.current()
+        tls: dict[str, Any] = {}
+        if creds.tls:
+            tls = {"ssl": creds.server_ssl(), "ssl_handshake_timeout": auth.HANDSHAKE_TIMEOUT_S}
         if sock is not None:
-            self._server = await asyncio.start_server(self._handle, sock=sock)
+            self._server = await asyncio.start_server(self._handle, sock=sock, **tls)
         else:
-            self._server = await asyncio.start_server(self._handle, host, port)
+            self._server = await asyncio.start_server(self._handle, host, port, **tls)
         addr = self._server.sockets[0].getsockname()
         return addr[0], addr[1]
 
@@ -58,9 +74,14 @@ class RpcServer:
         if self.on_connections is not None:
             self.on_connections(len(self._conns))
         decoder = FrameDecoder()
-        outbox = Outbox(writer)
         pending: set[asyncio.Task] = set()
+        creds = self.credentials or auth.current()
         try:
+            # once per connection, before the first request: the cluster secret (auth.py)
+            if creds.secret and not await auth.server_handshake(reader, writer, decoder, creds, self.name,
+                                                                 _peer(writer)):
+                return
+            outbox = Outbox(writer)
             while True:
                 data = await reader.read(262144)
                 if not data:
@@ -72,6 +93,9 @@ class RpcServer:
                     break
                 for f in frames:
                     if f[0] != REQUEST or len(f) != 5:
+                        if f[0] == AUTH and not creds.secret:
+                            auth.refuse_hello(writer, self.name, _peer(writer))
+                            return
                         continue
                     t = asyncio.ensure_future(self._call(f[1], f[2], f[3], f[4], outbox))
                     pending.add(t)
