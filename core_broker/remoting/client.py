@@ -106,7 +106,10 @@ class RpcClient:
                     if f[2]:
                         fut.set_result(f[3])
                     else:
-                        fut.set_exception(error_from_wire(f[3]))
+                        err = error_from_wire(f[3])
+                        if isinstance(err, auth.RpcAuthError):  # this node lacks the cluster's credentials
+                            auth.log.warning("refused by %s: %s", self.address, err)
+                        fut.set_exception(err)
         except FrameError as e:  # a peer of another unimq version, or not a unimq peer at all
             reason = f"closed: {e}"
         except (ConnectionError, asyncio.CancelledError):
