@@ -23,7 +23,6 @@ import httpx
 import pika
 import pytest
 from cryptography.x509.oid import NameOID
-
 from mqtt_fixtures import Paho
 from test_tls_doors import _grpc_send, _pika_params
 from tls_helpers import TlsCA, peer_certificate

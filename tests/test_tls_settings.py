@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from tls_helpers import self_signed
+
 from unimq.settings import UnimqSettings, load_settings
 
 

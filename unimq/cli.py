@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Coroutine, Sequence
 
 from core_broker.errors import ConfigurationError
-
 from core_broker.remoting import auth as rpc_auth
 
 from .roles import ROLES, Role
