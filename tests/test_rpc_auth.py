@@ -280,3 +280,76 @@ def test_unimq_refuses_to_start_with_an_unreadable_secret_file(tmp_path: Path) -
                           str(tmp_path / "nope")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
                          check=False)
     assert run.returncode != 0 and "cluster_secret_file" in run.stderr, run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_replicated_group_over_mutual_tls_and_the_secret(tmp_path: Path, pki) -> None:
+    """Controller, nameserver, a group of two brokers acknowledging together and a gateway, every
+    link over mutual TLS with the secret: a put acknowledged with min_insync_replicas 2 has crossed
+    the replication stream; the controller's client port refuses a caller without a certificate."""
+    import time
+    import urllib.request
+
+    from nameserver.controller_client import ControllerClient
+    from tests.test_controller_raft import _free_ports
+    from unimq.local_cluster import start_proc
+
+    cert, key = pki["node"]
+    secret_file = tmp_path / "cluster.secret"
+    secret_file.write_text(SECRET)
+    creds = ["--rpc-tls-cert", str(cert), "--rpc-tls-key", str(key), "--rpc-tls-ca", str(pki["ca"].path),
+             "--cluster-secret-file", str(secret_file)]
+    small = ["--set", "store.commitlog_segment_size=262144", "--set", "store.cq_entries_per_file=4096",
+             "--set", "store.index_slots=4096", "--set", "store.index_entries_per_file=16384"]
+    raft, ctl = _free_ports(2)
+    procs = [start_proc("controller", ["controller", "--controller-port", str(ctl), "--data-dir", str(tmp_path / "ctl"),
+                                       "--raft-addr", f"127.0.0.1:{raft}", "--peers", f"127.0.0.1:{raft}",
+                                       "--secret", "s3", *creds])]
+    try:
+        procs.append(start_proc("nameserver", ["nameserver", "--port", "0", *creds]))
+        namesrv = f"127.0.0.1:{procs[-1].ports['namesrv']}"
+        for b in ("b1", "b2"):
+            procs.append(start_proc(b, ["broker", "--data-dir", str(tmp_path / b), "--port", "0", "--namesrv", namesrv,
+                                        "--group", "g", "--broker-id", b, "--controller-addr", f"127.0.0.1:{ctl}",
+                                        "--min-insync-replicas", "2", "--heartbeat-s", "1", *small, *creds]))
+        gateway = start_proc("gateway", ["gateway", "--namesrv", namesrv, "--rpc-port", "0", "--http-port", "0",
+                                         "--mqtt-port", "0", "--amqp-port", "0", "--grpc-port", "0",
+                                         "--mqtt-ws-port", "-1", *creds])
+        procs.append(gateway)
+        url = f"http://127.0.0.1:{gateway.ports['http']}/v1/topics/replicated/messages"
+        deadline = time.monotonic() + 60
+        while True:  # the group gets a master and its replica joins the in-sync set
+            try:
+                with urllib.request.urlopen(urllib.request.Request(url, data=b"both hold it", method="POST"),
+                                            timeout=20) as r:
+                    assert r.status == 200
+                break
+            except Exception as e:
+                assert time.monotonic() < deadline, f"no acknowledged put: {e}"
+                time.sleep(0.5)
+
+        async def state() -> object:
+            previous = auth.configure(_mtls(pki, "node2", secret=SECRET))
+            client = ControllerClient([("127.0.0.1", ctl)], timeout_s=3.0)
+            await client.start()
+            try:
+                return await client.group_state("g")
+            finally:
+                await client.stop()
+                auth.configure(previous)
+
+        assert asyncio.run(state()).in_sync == frozenset({"b1", "b2"})
+
+        async def bare() -> None:
+            client = RpcClient("127.0.0.1", ctl)
+            try:
+                with pytest.raises(PeerUnavailableError):
+                    await client.call("group_state", "g", rpc_timeout=10)
+            finally:
+                await client.close()
+
+        asyncio.run(bare())
+    finally:
+        for p in reversed(procs):
+            p.stop()
