@@ -161,7 +161,7 @@ async def test_mutual_tls_refuses_a_client_without_a_cluster_certificate(pki, ca
     server, port = await _serve(_mtls(pki))
     try:
         assert await _call(port, _mtls(pki, "node2")) == "hi"
-        with pytest.raises(PeerUnavailableError):  # no certificate: plaintext against TLS
+        with pytest.raises(PeerUnavailableError, match="mutual TLS"):  # no certificate: plaintext against TLS
             await _call(port, None)
         stranger = auth.from_settings(tls_cert=str(pki["stranger"][0]), tls_key=str(pki["stranger"][1]),
                                       tls_ca=str(pki["ca"].path))

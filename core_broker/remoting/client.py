@@ -92,11 +92,16 @@ class RpcClient:
     async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          decoder: FrameDecoder) -> None:
         reason = "lost"
+        heard = False  # whether the peer ever sent anything on this connection
         try:
             while True:
                 data = await reader.read(262144)
                 if not data:
+                    if not heard and not (self.credentials or auth.current()).tls:
+                        reason = ("closed before answering anything (a peer that requires mutual TLS closes a "
+                                  "connection without a certificate this way: rpc_tls_cert/key/ca)")
                     break
+                heard = True
                 for f in decoder.feed(data):
                     if f[0] != RESPONSE:
                         continue
