@@ -21,6 +21,7 @@ from core_broker.errors import NotMasterError
 from core_broker.message_store import MessageStore
 from core_broker.model import Message
 from core_broker.replication.service import ReplicationConfig, ReplicationService
+from core_broker.replication.tier_gate import ReplicaTierGate
 
 from store_helpers import make_config
 
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.timeout(30)
 async def svc(tmp_path: Path) -> AsyncIterator[ReplicationService]:
     store = MessageStore(make_config(tmp_path / "m"))
     store.start()
-    rs = ReplicationService(SimpleNamespace(store=store), "b0", ReplicationConfig())  # type: ignore[arg-type]
+    rs = ReplicationService(SimpleNamespace(store=store, tier=None), "b0", ReplicationConfig())  # type: ignore[arg-type]
     await rs.start()
     try:
         yield rs
@@ -164,7 +165,7 @@ async def test_stop_fails_puts_waiting_for_acknowledgement(tmp_path: Path) -> No
     store = MessageStore(make_config(tmp_path / "m"))
     store.start()
     try:
-        rs = ReplicationService(SimpleNamespace(store=store),  # type: ignore[arg-type]
+        rs = ReplicationService(SimpleNamespace(store=store, tier=None),  # type: ignore[arg-type]
                                 "b0", ReplicationConfig(min_insync_replicas=2, ack_timeout_ms=20_000))
         await rs.start()
         await rs.become_master(1, frozenset({"b0", "b1"}), 1)
@@ -182,7 +183,7 @@ async def test_stop_fails_puts_waiting_for_acknowledgement(tmp_path: Path) -> No
 async def test_replica_report_acknowledges_waiting_put(tmp_path: Path) -> None:
     store = MessageStore(make_config(tmp_path / "m"))
     store.start()
-    rs = ReplicationService(SimpleNamespace(store=store),  # type: ignore[arg-type]
+    rs = ReplicationService(SimpleNamespace(store=store, tier=None),  # type: ignore[arg-type]
                             "b0", ReplicationConfig(min_insync_replicas=2, ack_timeout_ms=20_000))
     try:
         await rs.start()
@@ -197,3 +198,60 @@ async def test_replica_report_acknowledges_waiting_put(tmp_path: Path) -> None:
     finally:
         await rs.stop()
         store.shutdown()
+
+
+# --------------------------------------------------------------------------- tier and replica retention
+
+
+class _Confirmed:
+    """The master's tier as retention sees it (TierService.may_delete): these bases are uploaded."""
+
+    def __init__(self) -> None:
+        self.bases: set[int] = set()
+
+    def may_delete(self, segment) -> bool:  # type: ignore[no-untyped-def]
+        return segment.base in self.bases
+
+
+async def test_fetch_answers_say_how_far_the_masters_tier_holds_its_log(svc: ReplicationService) -> None:
+    await svc.become_master(1, frozenset({"b0"}), 1)
+    st = svc.store
+    for i in range(300):  # several 64 KiB segments
+        st.put(Message("T", b"x" * 900))
+    files = list(st.commitlog.files.files)
+    assert len(files) >= 4
+    r = await svc.repl_fetch("b1", 0, 0, 0, 1 << 20, 0)
+    assert r["tier_kept"] == 0  # no tier on this master: nothing may go from a replica for it
+    tier = _Confirmed()
+    svc.controller.tier = tier
+    tier.bases = {files[0].base, files[1].base, files[3].base}  # the third not uploaded yet
+    svc._tier_kept_at = -1e9
+    r = await svc.repl_fetch("b1", 0, 0, 0, 1 << 20, 0)
+    assert r["tier_kept"] == files[1].end  # only a contiguous run from the start counts
+
+
+async def test_a_replicas_retention_deletes_only_what_its_masters_tier_holds(tmp_path: Path) -> None:
+    store = MessageStore(make_config(tmp_path / "r", tier_enabled=True, tier_bucket="b", retention_hours=0.001))
+    store.start()
+    rs = ReplicationService(SimpleNamespace(store=store, tier=None), "b1", ReplicationConfig())  # type: ignore[arg-type]
+    await rs.start()
+    try:
+        for _ in range(300):
+            store.put(Message("T", b"y" * 900))
+        files = list(store.commitlog.files.files)
+        await rs.become_replica(1, "127.0.0.1:1")  # no master there: the copy loop just retries
+        gate = store.tier
+        assert isinstance(gate, ReplicaTierGate)
+        assert store.run_retention(now=10**10) == 0  # its master said nothing yet: keep all
+        gate.kept_below = files[1].end
+        assert store.run_retention(now=10**10) == 2
+        assert store.commitlog.min_offset == files[2].base
+    finally:
+        await rs.stop()
+    rs2 = ReplicationService(SimpleNamespace(store=store, tier=None), "b1", ReplicationConfig())  # type: ignore[arg-type]
+    await rs2.start()
+    store.tier = ReplicaTierGate()
+    await rs2.become_master(2, frozenset({"b1"}), 1)
+    assert store.tier is None  # promoted: the broker's own tier service takes over
+    await rs2.stop()
+    store.shutdown()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from ..errors import NotMasterError, ReplicaOffsetMismatchError, UnimqError
 from ..remoting.client import PeerUnavailableError, RpcClient
 from .epoch_file import EpochFile, common_end
+from .tier_gate import ReplicaTierGate
 
 if TYPE_CHECKING:
     from ..message_store import MessageStore
@@ -31,8 +32,10 @@ LONG_POLL_MS = 300
 
 class Follower:
     def __init__(self, store: MessageStore, epochs: EpochFile, broker_id: str, master_addr: str,
-                 on_state: Callable[[dict, int], Awaitable[None]], on_cut: Callable[[], Awaitable[None]]) -> None:
+                 on_state: Callable[[dict, int], Awaitable[None]], on_cut: Callable[[], Awaitable[None]],
+                 tier_gate: ReplicaTierGate | None = None) -> None:
         self.store = store
+        self.tier_gate = tier_gate
         self.epochs = epochs
         self.broker_id = broker_id
         self.master_addr = master_addr
@@ -108,6 +111,8 @@ class Follower:
                 pos = await asyncio.to_thread(store.append_replicated, int(resp["start"]), data)
                 await store.wait_flushed(pos)
             self.epochs.adopt([(int(e), int(s)) for e, s in resp["epochs"]], pos)
+            if self.tier_gate is not None:
+                self.tier_gate.kept_below = int(resp.get("tier_kept", 0))
             if pos >= int(resp["end"]):
                 self.synced_once.set()
             if loop.time() >= state_due:

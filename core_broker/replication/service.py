@@ -28,6 +28,7 @@ from ..system_topics import JOURNAL_TOPIC
 from .epoch_file import EpochFile
 from .follower import Follower
 from .in_sync import InSyncTracker, ReplicaProgress
+from .tier_gate import ReplicaTierGate
 
 if TYPE_CHECKING:
     from ..broker_controller import BrokerController
@@ -76,6 +77,7 @@ class ReplicationService:
         # at once (a replica that caught up with a new master rejoins in one round trip, not
         # one heartbeat later, so puts refused for too few in sync after a failover are brief).
         self._proposal_due = asyncio.Event()
+        self._tier_kept_at, self._tier_kept_end = -1e9, 0
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -114,6 +116,8 @@ class ReplicationService:
         if self._follower is not None:
             await self._follower.stop()
             self._follower = None
+        if isinstance(self.store.tier, ReplicaTierGate):
+            self.store.tier = None  # the broker's services start the tier itself (it uploads now)
         start = self.store.write_pos if self.epochs.entries else self.store.commitlog.first_record_offset()
         self.epochs.begin(epoch, start)
         self.tracker.start_term(in_sync, in_sync_epoch)
@@ -131,8 +135,12 @@ class ReplicationService:
         if self._follower is not None:
             await self._follower.stop()
         self.role, self.master_addr = "replica", master_addr
+        gate = None
+        if self.store.config.tier_enabled:  # local retention waits for the master's uploads
+            gate = self.store.tier if isinstance(self.store.tier, ReplicaTierGate) else ReplicaTierGate()
+            self.store.tier = gate
         self._follower = Follower(self.store, self.epochs, self.broker_id, master_addr, self._take_state,
-                                  self._forget_state_past_cut)
+                                  self._forget_state_past_cut, gate)
         self._follower.start()
         log.warning("broker %s replicates the master at %s (epoch %d)", self.broker_id, master_addr, epoch)
 
@@ -190,7 +198,25 @@ class ReplicationService:
             except asyncio.TimeoutError:
                 pass
         start, data = st.read_log(start, max_bytes)
-        return {"start": start, "data": data, "end": st.write_pos, "epochs": [list(e) for e in self.epochs.entries]}
+        return {"start": start, "data": data, "end": st.write_pos, "epochs": [list(e) for e in self.epochs.entries],
+                "tier_kept": self._tier_kept(loop.time())}
+
+    def _tier_kept(self, now: float) -> int:
+        """How far the tier holds this master's log: every segment ending at or below it is
+        confirmed there (what a replica's retention may delete; see ``tier_gate``). Worked out
+        at most once a second: a fetch answer must stay cheap."""
+        if now - self._tier_kept_at < 1.0:
+            return self._tier_kept_end
+        tier, cl = self.controller.tier, self.store.commitlog
+        kept = 0
+        if tier is not None:
+            kept = cl.min_offset
+            for mf in list(cl.files.files)[:-1]:
+                if not tier.may_delete(mf):
+                    break
+                kept = mf.end
+        self._tier_kept_at, self._tier_kept_end = now, kept
+        return kept
 
     def repl_state(self) -> dict:
         """The broker state a promoted replica starts from (consistent with its journal offset)."""
