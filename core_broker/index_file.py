@@ -67,8 +67,15 @@ class IndexFile:
         SLOT.pack_into(self.mm, slot_pos, idx)
         self.mf.dirty = True
 
-    def _phys(self, idx: int) -> int:
-        return ENTRY.unpack_from(self.mm, self._entries_base + idx * ENTRY.size)[1]
+    def _first_at_or_after(self, phys: int, lo: int, hi: int) -> int:
+        """The first entry in ``[lo, hi)`` pointing at or past ``phys`` (entries in log order)."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ENTRY.unpack_from(self.mm, self._entries_base + mid * ENTRY.size)[1] < phys:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def entries_between(self, phys_lo: int, phys_hi: int) -> list[tuple[int, int, int]]:
         """(hash, commitlog offset, store time) of the entries pointing into ``[phys_lo, phys_hi)``:
@@ -77,21 +84,8 @@ class IndexFile:
         # the writer may be putting while the upload thread reads
         first, end = 1, HEADER.unpack_from(self.mm, 0)[5] + 1
         if self.in_order:
-            lo, hi = first, end
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if self._phys(mid) < phys_lo:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            first, hi = lo, end
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if self._phys(mid) < phys_hi:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            end = lo
+            first = self._first_at_or_after(phys_lo, first, end)
+            end = self._first_at_or_after(phys_hi, first, end)
         start = self._entries_base + first * ENTRY.size
         with memoryview(self.mm) as mv:
             return [(h, phys, ts) for h, phys, ts, _ in ENTRY.iter_unpack(mv[start : self._entries_base + end * ENTRY.size])

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tier_helpers import S3Server, aws_credentials, s3, wait_for  # noqa: F401 (fixtures)
+from tier_helpers import S3Server, aws_credentials, s3, tier_up_sets, wait_for  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("aws_credentials")]
 N = 400
@@ -25,21 +25,7 @@ N = 400
 
 def test_messages_retired_locally_are_read_over_http_from_the_tier(unimq_server, s3: S3Server) -> None:
     bucket = s3.new_bucket()
-    sets = {
-        "doors": '["http"]',
-        "store.commitlog_segment_size": 65536,
-        "store.cq_entries_per_file": 64,
-        "store.retention_hours": 0.0003,  # about a second
-        "store.retention_check_interval_s": 0.2,
-        "store.disk_min_free_ratio": 0.0,
-        "store.disk_refuse_free_ratio": 0.0,
-        "store.tier_enabled": "true",
-        "store.tier_bucket": bucket,
-        "store.tier_endpoint": s3.endpoint,
-        "store.tier_region": "us-east-1",
-        "store.tier_scan_interval_s": 0.1,
-    }
-    srv = unimq_server(*[f"--set={k}={v}" for k, v in sets.items()])
+    srv = unimq_server(*tier_up_sets(s3, bucket))
     first_segment = Path(srv.data_dir) / "commitlog" / f"{0:020d}"
     bodies = [os.urandom(300 + i) for i in range(N)]
     with httpx.Client(base_url=srv.url("http", ""), timeout=30) as c:

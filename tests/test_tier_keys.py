@@ -18,14 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core_broker.broker_controller import BrokerController
-from core_broker.config import BrokerConfig
 from core_broker.model import Message
 from core_broker.tier import layout
 from core_broker.topic_config import TopicConfig
 from gateway.broker_client import LocalBrokerClient
 
-from tier_helpers import S3Server, aws_credentials, manifests, s3, tier_config, wait_for  # noqa: F401 (fixtures)
+from tier_helpers import (  # noqa: F401 (fixtures)
+    S3Server, aws_credentials, manifests, s3, tier_config, tier_up_sets, tiered_broker, wait_for,
+)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("aws_credentials")]
 
@@ -35,11 +35,9 @@ def test_keys_and_client_ids_are_found_in_the_tier(tmp_path: Path, s3: S3Server)
     cfg = tier_config(tmp_path / "d", s3, bucket, retention_hours=1.0, tier_read_block_bytes=4096)
 
     async def main() -> None:
-        bc = BrokerController(cfg, BrokerConfig())
-        await bc.start()
-        tier, store = bc.tier, bc.store
-        assert tier is not None
-        try:
+        async with tiered_broker(cfg) as bc:
+            tier, store = bc.tier, bc.store
+            assert tier is not None
             bc.create_topic(TopicConfig("T", queues=2), exist_ok=True)
             bc.create_topic(TopicConfig("U", queues=1), exist_ok=True)
             bodies = [os.urandom(700) for _ in range(300)]
@@ -79,30 +77,13 @@ def test_keys_and_client_ids_are_found_in_the_tier(tmp_path: Path, s3: S3Server)
             assert ms and all(m.keys_length > 0 for m in ms.values() if m.first_ts)
             keys = set(s3.keys(bucket))
             assert all(f"t/{layout.keys_key(store.store_id, b)}" in keys for b, m in ms.items() if m.keys_length)
-        finally:
-            await bc.stop()
 
     asyncio.run(main())
 
 
 def test_cloudevents_retired_locally_are_found_by_id_over_http(unimq_server, s3: S3Server) -> None:
     bucket = s3.new_bucket()
-    sets = {
-        "doors": '["http"]',
-        "http_index_event_ids": "true",
-        "store.commitlog_segment_size": 65536,
-        "store.cq_entries_per_file": 64,
-        "store.retention_hours": 0.0003,  # about a second
-        "store.retention_check_interval_s": 0.2,
-        "store.disk_min_free_ratio": 0.0,
-        "store.disk_refuse_free_ratio": 0.0,
-        "store.tier_enabled": "true",
-        "store.tier_bucket": bucket,
-        "store.tier_endpoint": s3.endpoint,
-        "store.tier_region": "us-east-1",
-        "store.tier_scan_interval_s": 0.1,
-    }
-    srv = unimq_server(*[f"--set={k}={v}" for k, v in sets.items()])
+    srv = unimq_server(*tier_up_sets(s3, bucket), "--set=http_index_event_ids=true")
     first_segment = Path(srv.data_dir) / "commitlog" / f"{0:020d}"
     with httpx.Client(base_url=srv.url("http", ""), timeout=30) as c:
         assert c.post("/v1/topics", json={"name": "ce", "queues": 1}).status_code in (200, 201)

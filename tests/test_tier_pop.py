@@ -21,7 +21,7 @@ from core_broker.config import BrokerConfig
 from core_broker.model import Message
 from core_broker.topic_config import TopicConfig
 
-from tier_helpers import S3Server, aws_credentials, s3, tier_config, wait_for  # noqa: F401 (fixtures)
+from tier_helpers import S3Server, aws_credentials, s3, tier_config, tiered_broker, wait_for  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("aws_credentials")]
 N = 400
@@ -46,11 +46,9 @@ def test_groups_behind_local_retention_pop_from_the_tier(tmp_path: Path, s3: S3S
     cfg = tier_config(tmp_path / "d", s3, bucket, retention_hours=1.0, tier_read_block_bytes=16 << 10)
 
     async def main() -> None:
-        bc = BrokerController(cfg, BrokerConfig(max_delivery_attempts=5, retry_backoff_ms=(0,)))
-        await bc.start()
-        tier, store = bc.tier, bc.store
-        assert tier is not None
-        try:
+        async with tiered_broker(cfg, BrokerConfig(max_delivery_attempts=5, retry_backoff_ms=(0,))) as bc:
+            tier, store = bc.tier, bc.store
+            assert tier is not None
             bc.create_topic(TopicConfig("T", queues=2), exist_ok=True)
             bc.create_topic(TopicConfig("F", queues=1), exist_ok=True)
             bodies = [b"%05d" % i + os.urandom(600) for i in range(N)]
@@ -94,7 +92,5 @@ def test_groups_behind_local_retention_pop_from_the_tier(tmp_path: Path, s3: S3S
                     await bc.ack("redo", p.receipt_handle)
                 await asyncio.sleep(0.05)
             assert sorted(again) == want
-        finally:
-            await bc.stop()
 
     asyncio.run(main())

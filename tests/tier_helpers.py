@@ -13,6 +13,7 @@ and started again on the same port: an outage, not a wipe.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import socket
@@ -20,14 +21,15 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 import boto3
 import pytest
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
-from core_broker.config import StoreConfig
+from core_broker.broker_controller import BrokerController
+from core_broker.config import BrokerConfig, StoreConfig
 from core_broker.message_store import MessageStore
 from core_broker.model import Message
 from core_broker.tier import TierService, layout
@@ -215,3 +217,35 @@ def manifests(s3: S3Server, bucket: str, store_id: str) -> dict[int, layout.Mani
         if key.startswith(f"t/{store_id}/manifest/"):
             out[layout.base_of(key)] = layout.Manifest.decode(s3.get(bucket, key))
     return out
+
+
+@contextlib.asynccontextmanager
+async def tiered_broker(cfg: StoreConfig, broker: BrokerConfig | None = None) -> AsyncIterator[BrokerController]:
+    """A started BrokerController whose store has the tier on (``tier_config``); stopped after."""
+    bc = BrokerController(cfg, broker or BrokerConfig())
+    await bc.start()
+    assert bc.tier is not None
+    try:
+        yield bc
+    finally:
+        await bc.stop()
+
+
+def tier_up_sets(server: S3Server, bucket: str) -> list[str]:
+    """``--set`` flags for a `unimq up` (HTTP door only) with 64 KiB segments, local retention of
+    about a second, and the tier on ``bucket``: what it sends soon lives only in the tier."""
+    sets = {
+        "doors": '["http"]',
+        "store.commitlog_segment_size": 65536,
+        "store.cq_entries_per_file": 64,
+        "store.retention_hours": 0.0003,  # about a second
+        "store.retention_check_interval_s": 0.2,
+        "store.disk_min_free_ratio": 0.0,
+        "store.disk_refuse_free_ratio": 0.0,
+        "store.tier_enabled": "true",
+        "store.tier_bucket": bucket,
+        "store.tier_endpoint": server.endpoint,
+        "store.tier_region": "us-east-1",
+        "store.tier_scan_interval_s": 0.1,
+    }
+    return [f"--set={k}={v}" for k, v in sets.items()]
