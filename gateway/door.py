@@ -23,7 +23,7 @@ import errno
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from core_broker.config import BrokerConfig, StoreConfig
 
@@ -170,6 +170,9 @@ class ServerState(Generic[S]):
     listening: dict[str, tuple[str, int]] = field(default_factory=dict)
     # Every door's TLS contexts, reloaded together on SIGHUP (``unimq.process``).
     tls: list[ServerTls] = field(default_factory=list)
+    # Users and permissions (gateway.access.store.IdentityStore), once the process loaded them:
+    # doors check logins against it; the processor's authorizer answers from it.
+    identities: Any = None
 
     @property
     def ready(self) -> bool:

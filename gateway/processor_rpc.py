@@ -44,7 +44,7 @@ for _mod in (api, auth, _processor_module):
 
 register_ext(
     32, RequestContext,
-    lambda c: [c.protocol, c.client_id, c.remote_address, c.principal, c.namespace],
+    lambda c: [c.protocol, c.client_id, c.remote_address, c.principal, c.namespace, c.trusted],
     lambda f: RequestContext(*f),
 )
 register_ext(33, SendResult, lambda r: list(r), lambda f: SendResult(*f))

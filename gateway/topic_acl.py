@@ -32,7 +32,7 @@ from .auth import Action, Resource, forbidden
 from .context import RequestContext
 from .naming import mqtt_filter_matches
 
-__all__ = ["AclFileError", "AclRules", "TopicAclAuthorizer", "load_acl_file", "filter_covers", "READ", "WRITE"]
+__all__ = ["AclFileError", "AclRules", "TopicAclAuthorizer", "load_acl_file", "parse_acl", "filter_covers", "READ", "WRITE"]
 
 READ, WRITE = 1, 2
 _ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": 0}
@@ -110,6 +110,11 @@ def load_acl_file(path: str | Path) -> AclRules:
         text = Path(path).expanduser().read_text(encoding="utf-8")
     except OSError as e:
         raise AclFileError(f"mqtt_acl_file: cannot read {path}: {e.strerror}") from None
+    return parse_acl(text, f"mqtt_acl_file {path}")
+
+
+def parse_acl(text: str, source: str = "ACL file") -> AclRules:
+    """The rules of an ACL file's text (``source`` names it in errors: AclFileError)."""
     acl = AclRules()
     current = acl.anonymous
     for n, raw in enumerate(text.splitlines(), 1):
@@ -120,18 +125,18 @@ def load_acl_file(path: str | Path) -> AclRules:
         rest = rest.strip()
         if word == "user":
             if not rest:
-                raise AclFileError(f"mqtt_acl_file {path}, line {n}: 'user' needs a user name")
+                raise AclFileError(f"{source}, line {n}: 'user' needs a user name")
             current = acl.users.setdefault(rest, [])
             continue
         if word not in ("topic", "pattern"):
-            raise AclFileError(f"mqtt_acl_file {path}, line {n}: expected topic, pattern or user, got {word!r}")
+            raise AclFileError(f"{source}, line {n}: expected topic, pattern or user, got {word!r}")
         access_word, _, topic = rest.partition(" ")
         if access_word in _ACCESS and topic.strip():
             access, topic = _ACCESS[access_word], topic.strip()
         else:
             access, topic = READ | WRITE, rest  # no access word: readwrite (the topic may hold spaces)
         if not topic:
-            raise AclFileError(f"mqtt_acl_file {path}, line {n}: {word} without a topic")
+            raise AclFileError(f"{source}, line {n}: {word} without a topic")
         (acl.patterns if word == "pattern" else current).append((access, topic))
     return acl
 

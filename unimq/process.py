@@ -98,6 +98,10 @@ async def run(
             log.info("store started in %s (flush=%s)", settings.store.data_dir, settings.store.flush.value)
             await asyncio.to_thread(_declare_topics, node.store, settings)
         state.processor = node.processor
+        if node.processor is not None:
+            from .security import start_identities
+
+            state.identities = await start_identities(settings, node.processor)
         for listener in build_doors(state) if node.processor is not None else []:
             if stop.is_set():
                 break
@@ -136,6 +140,8 @@ async def run(
                 await door.stop()
             except Exception:  # keep stopping the rest: the store must still be shut down
                 log.exception("error stopping %s door", door.name)
+        if state.identities is not None:
+            await state.identities.stop()
         if node.processor is not None:
             # The broker (stopped above, last of all) already wrote the broker state snapshot
             # and shut the store down (flush, checkpoint, abort marker removed); this closes

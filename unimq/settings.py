@@ -138,6 +138,11 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
     broker_advertise: str = ""  # host:port others reach the broker at, when not its own (NAT, a proxy)
     read_from_replica: bool = False  # a replica serves pulls of the offsets it holds
     async_replicas: str = ""  # member ids that copy the log but never count for acks (DR), comma separated
+    # Security (README "Security"): serve clients without credentials even when users exist
+    # (they get the permissions granted to "anonymous"), or, with no users, on a non-loopback host.
+    allow_anonymous: bool = False
+    # How often a gateway looks for changes to users and permissions made elsewhere (seconds).
+    auth_refresh_s: float = 0.5
     # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
     # Queues given to an auto-created topic, and to a declared topic that names none.
@@ -178,6 +183,8 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
                 raise ValueError("a broker in a group needs broker_id and controller_addr (--broker-id, --controller-addr)")
             if self.min_insync_replicas < 1:
                 raise ValueError(f"min_insync_replicas must be at least 1, got {self.min_insync_replicas}")
+        if not 0.05 <= self.auth_refresh_s <= 60:
+            raise ValueError(f"auth_refresh_s must be between 0.05 and 60 seconds, got {self.auth_refresh_s!r}")
         level = str(self.log_level).lower()
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")

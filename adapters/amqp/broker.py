@@ -70,7 +70,7 @@ class AmqpBroker:
     def __init__(self, processor: MessagingAPI, settings: Any) -> None:
         self.processor = processor
         self.settings = settings
-        self.ctx = RequestContext(protocol="amqp", client_id="amqp-door")
+        self.ctx = RequestContext(protocol="amqp", client_id="amqp-door", trusted=True)
         self.vhosts: dict[str, VHost] = {v: VHost(v) for v in settings.amqp_vhosts}
         self.connections: set[AmqpConnection] = set()
         self.stopping = False

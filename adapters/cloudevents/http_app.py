@@ -8,7 +8,8 @@ app per server.
 
 Why routers per concern: each concern is its own module with its own
 ``APIRouter`` (``http_ops``: health, metrics, docs; ``http_topics``: topic
-admin; ``http_ingest``: CloudEvents and plain messages in; ``http_pop``: pop,
+admin; ``http_admin``: users and permissions; ``http_ingest``: CloudEvents and
+plain messages in; ``http_pop``: pop,
 ack, invisible time; ``http_read``: reads by offset, Arrow pages, a topic
 merged, events by id; ``http_table``: a compacted topic as a table, compact now;
 ``http_push``: push subscriptions), sharing what they
@@ -26,7 +27,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI
 
-from . import http_ingest, http_ops, http_pop, http_push, http_read, http_table, http_topics
+from . import http_admin, http_ingest, http_ops, http_pop, http_push, http_read, http_table, http_topics
+from .http_auth import AuthMiddleware
 from .http_errors import STATUS_OF_CODE, install_error_handlers
 from .http_request import Deps
 from .http_responses import send_json, send_list_json
@@ -95,4 +97,7 @@ def create_app(state: ServerState[Any]) -> FastAPI:
     # Request), which is a noticeable share of a one-event request. The APIRoute stays for the
     # OpenAPI document and /docs.
     app.router.routes.insert(0, events_fast_path)
+    app.mount("/v1/admin", http_admin.admin_app(deps))
+    # Basic / Bearer logins, checked against the process's identity store before any route runs.
+    app.add_middleware(AuthMiddleware, state=state)
     return app

@@ -22,6 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core_broker.errors import UnimqError
 
+from .http_auth import WWW_AUTHENTICATE
+
 __all__ = ["ApiError", "STATUS_OF_CODE", "error_response", "install_error_handlers"]
 
 log = logging.getLogger("unimq.http")
@@ -36,6 +38,9 @@ STATUS_OF_CODE = {
     "UNAUTHORIZED": 401,
     "FORBIDDEN": 403,
     "TOPIC_NOT_FOUND": 404,
+    "USER_NOT_FOUND": 404,
+    "PERMISSION_NOT_FOUND": 404,
+    "USER_EXISTS": 409,
     "SUBSCRIPTION_NOT_FOUND": 404,
     "NOT_ACCEPTABLE": 406,  # format=arrow on a server without pyarrow
     "TOPIC_EXISTS": 409,
@@ -76,7 +81,10 @@ def install_error_handlers(app: FastAPI) -> None:
         status = STATUS_OF_CODE.get(exc.code, 400)
         if status >= 500:
             log.warning("%s %s: %s: %s", request.method, request.url.path, exc.code, exc)
-        return error_response(status, exc.code, str(exc))
+        resp = error_response(status, exc.code, str(exc))
+        if status == 401:  # RFC 9110: a 401 names the schemes that would work
+            resp.headers["www-authenticate"] = WWW_AUTHENTICATE
+        return resp
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

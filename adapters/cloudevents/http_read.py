@@ -20,7 +20,7 @@ from fastapi.responses import Response
 
 from .http_errors import ApiError
 from .http_models import ERRORS, PopOut, PullOut, messages_responses
-from .http_request import ADMIN_CTX, Deps, filter_of, millis, request_context
+from .http_request import Deps, filter_of, millis, request_context
 from .http_responses import cloudevents_batch, json_response, message_json, wants_cloudevents
 from .mapping import CE_BATCH_CONTENT_TYPE
 
@@ -114,7 +114,7 @@ def router(deps: Deps) -> APIRouter:
         not read yet). Reading moves no consumer group: it is a look, like pull by offset."""
         p = processor()
         ctx = request_context(request, "http")
-        stats = await p.describe_topic(ADMIN_CTX, topic)
+        stats = await p.describe_topic(ctx, topic)
         offsets = {q.queue_id: q.min_offset for q in stats.queues}
         if cursor:
             try:

@@ -17,18 +17,15 @@ from core_broker.model import FilterExpression, FilterType
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 
+from .http_auth import context_of
 from .http_errors import ApiError
 
 if TYPE_CHECKING:  # imported for type hints only
     from gateway.door import ServerState
 
 __all__ = [
-    "ADMIN_CTX", "Deps", "check_group", "decode_header", "filter_of", "millis", "read_body", "request_context",
+    "Deps", "check_group", "decode_header", "filter_of", "millis", "read_body", "request_context",
 ]
-
-#: The context of the admin routes (topics): the HTTP door's own identity.
-ADMIN_CTX = RequestContext(protocol="http", client_id="admin")
-
 
 @dataclass
 class Deps:
@@ -82,8 +79,8 @@ def decode_header(v: bytes) -> str:
 
 
 def request_context(request: Request, protocol: str) -> RequestContext:
-    client = request.client
-    return RequestContext(protocol=protocol, remote_address=f"{client.host}:{client.port}" if client else "")
+    """Who is calling (as :class:`~.http_auth.AuthMiddleware` established), from where."""
+    return context_of(request.scope, protocol)
 
 
 def filter_of(tag: str | None, sql: str | None) -> FilterExpression | None:

@@ -8,14 +8,16 @@ route (``create_app`` does), or it would shadow them.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from core_broker.errors import UnimqError
 from core_broker.model import MessageType
+from gateway.auth import Action, ForbiddenError, Resource
+from gateway.context import INTERNAL
 
 from .http_models import ERRORS, ErrorOut, TopicCreate, TopicOut
-from .http_request import ADMIN_CTX, Deps
+from .http_request import Deps, request_context
 from .http_responses import json_response, topic_json
 
 __all__ = ["named_router", "router"]
@@ -28,11 +30,12 @@ def router(deps: Deps) -> APIRouter:
 
     @router.get("/v1/topics", tags=["topics"], response_model=list[TopicOut])
     async def list_topics(
+        request: Request,
         include_system: bool = Query(False, description="also list %DLQ%, %RETRY% and other system topics"),
     ) -> Response:
         """Every topic with its queues' min/max offsets."""
         p = processor()
-        ctx = ADMIN_CTX
+        ctx = request_context(request, "http")
         out = []
         for tc in await p.list_topics(ctx, include_system):
             try:
@@ -44,17 +47,22 @@ def router(deps: Deps) -> APIRouter:
     @router.post("/v1/topics", tags=["topics"], status_code=201, response_model=TopicOut,
                  responses={200: {"model": TopicOut, "description": "already exists with this type"},
                             409: {"model": ErrorOut, "description": "exists with another type"}, **ERRORS})
-    async def create_topic(body: TopicCreate) -> Response:
+    async def create_topic(body: TopicCreate, request: Request) -> Response:
         """Create a topic (201); 200 if it exists with the same type, 409 if with another type."""
         p = processor()
+        ctx = request_context(request, "http")
         mtype = MessageType(body.type.upper())
         existed = True
         try:
-            await p.describe_topic(ADMIN_CTX, body.name)
+            await p.describe_topic(ctx, body.name)
         except UnimqError:
             existed = False
-        await p.create_topic(ADMIN_CTX, body.name, body.queues, mtype, exist_ok=True, attributes=body.attributes or None)
-        return json_response(topic_json(await p.describe_topic(ADMIN_CTX, body.name)), 200 if existed else 201)
+        await p.create_topic(ctx, body.name, body.queues, mtype, exist_ok=True, attributes=body.attributes or None)
+        status = 200 if existed else 201
+        try:
+            return json_response(topic_json(await p.describe_topic(ctx, body.name)), status)
+        except ForbiddenError:  # may create, may neither publish nor subscribe: no offsets to show
+            return json_response({"name": body.name, "type": mtype.value, "queues": []}, status)
 
 
     return router
@@ -66,18 +74,20 @@ def named_router(deps: Deps) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/topics/{topic:path}", tags=["topics"], response_model=TopicOut, responses=ERRORS)
-    async def describe_topic(topic: str = Path(description="topic name")) -> Response:
+    async def describe_topic(request: Request, topic: str = Path(description="topic name")) -> Response:
         """A topic's type and its queues' min/max offsets."""
         p = processor()
-        return json_response(topic_json(await p.describe_topic(ADMIN_CTX, topic)))
+        return json_response(topic_json(await p.describe_topic(request_context(request, "http"), topic)))
 
     @router.delete("/v1/topics/{topic:path}", tags=["topics"], status_code=204, response_class=Response,
                    responses=ERRORS)
-    async def delete_topic(topic: str = Path(description="topic name")) -> Response:
-        """Delete a topic and its messages' queues."""
+    async def delete_topic(request: Request, topic: str = Path(description="topic name")) -> Response:
+        """Delete a topic and its messages' queues (needs the delete permission on it)."""
         p = processor()
-        await p.describe_topic(ADMIN_CTX, topic)  # 404 for an unknown topic
-        await p.delete_topic(ADMIN_CTX, topic)
+        ctx = request_context(request, "http")
+        p.authorize(ctx, Action.DELETE, Resource.TOPIC, topic)  # 403 before 404: existence is not leaked
+        await p.describe_topic(INTERNAL, topic)  # 404 for an unknown topic
+        await p.delete_topic(ctx, topic)
         return Response(status_code=204)
 
     return router

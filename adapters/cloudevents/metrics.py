@@ -34,7 +34,7 @@ from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_CTX = RequestContext(protocol="http", client_id="metrics")
+_CTX = RequestContext(protocol="http", client_id="metrics", trusted=True)
 
 
 class UnimqCollector:

@@ -45,7 +45,7 @@ from .mapping import CE_JSON_CONTENT_TYPE, event_attributes, to_binary_http, to_
 log = logging.getLogger("unimq.http.push")
 
 KV_NAMESPACE = "http.push"
-CTX = RequestContext(protocol="cloudevents", client_id="unimq-push")
+CTX = RequestContext(protocol="cloudevents", client_id="unimq-push", trusted=True)
 POLL_WAIT_MS = 5_000
 
 DEFAULTS: dict[str, Any] = {

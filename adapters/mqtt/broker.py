@@ -90,7 +90,7 @@ class MQTTBroker:
     def __init__(self, processor: MessagingAPI, config: MQTTConfig | None = None) -> None:
         self.processor = processor
         self.config = cfg = config or MQTTConfig()
-        self.ctx = RequestContext(protocol="mqtt", client_id="mqtt-door")
+        self.ctx = RequestContext(protocol="mqtt", client_id="mqtt-door", trusted=True)
         self.counters = Counters()
         self.credentials = Credentials(cfg.users, cfg.password_file)
         # a Mosquitto ACL file: its rules join the processor's authorizer while the door runs

@@ -36,7 +36,7 @@ class Wills:
         if delay > 0:
             s.will_handle = asyncio.get_running_loop().call_later(delay, self._fire, s, will)
         else:
-            self.spawn(self._publish(s.client_id, will))
+            self.spawn(self._publish(s.client_id, s.ctx.principal, will))
 
     @staticmethod
     def cancel(s: Session) -> None:
@@ -47,10 +47,10 @@ class Wills:
 
     def _fire(self, s: Session, will: C.Will) -> None:
         s.will_handle = None
-        self.spawn(self._publish(s.client_id, will))
+        self.spawn(self._publish(s.client_id, s.ctx.principal, will))
 
-    async def _publish(self, cid: str, will: C.Will) -> None:
+    async def _publish(self, cid: str, principal: str | None, will: C.Will) -> None:
         props = dict(will.properties)
         props.pop("will_delay_interval", None)
-        ctx = RequestContext(protocol="mqtt", client_id=cid)
+        ctx = RequestContext(protocol="mqtt", client_id=cid, principal=principal)  # published as its client
         await self.publish(ctx, cid, [PubItem(will.topic, will.payload, will.qos, will.retain, props or None)])

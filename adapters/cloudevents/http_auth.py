@@ -1,0 +1,145 @@
+"""The HTTP door's login: ``Authorization: Basic`` (a user's password) and ``Bearer`` (an API key).
+
+Why an ASGI middleware: every route (and the plain-Starlette ingest fast path)
+needs the caller's identity in its :class:`RequestContext`, and a failed login
+must be answered before any route reads a body. It only *authenticates*: a
+request without credentials goes on anonymously, one with credentials that do
+not verify gets 401 at once; what an identity may do is decided in the
+processor's authorizer (``gateway.access``), which the routes' processor
+calls ask (403 when refused, 401 for an anonymous caller who must log in).
+
+:func:`parse_authorization` is sans-io and strict: RFC 7617 Basic (base64 of
+``user:password``, UTF-8) and RFC 6750 Bearer (a token68); anything else is
+malformed, never a login. Failed logins are counted (``auth_failed{protocol}``)
+and logged without the password.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from fastapi.responses import JSONResponse
+
+from gateway.context import RequestContext
+
+__all__ = ["AuthMiddleware", "Basic", "Bearer", "MalformedCredentials", "WWW_AUTHENTICATE", "parse_authorization",
+           "unauthorized"]
+
+log = logging.getLogger("unimq.audit")
+
+WWW_AUTHENTICATE = 'Basic realm="unimq", charset="UTF-8", Bearer realm="unimq"'
+MAX_HEADER = 8192
+_TOKEN68 = re.compile(rb"[A-Za-z0-9\-._~+/]+=*")
+PRINCIPAL_KEY = "unimq.principal"
+
+
+class MalformedCredentials(ValueError):
+    """An Authorization header in no form the door accepts."""
+
+
+@dataclass(frozen=True)
+class Basic:
+    user: str
+    password: str = ""
+
+    def __repr__(self) -> str:  # never the password
+        return f"Basic(user={self.user!r})"
+
+
+@dataclass(frozen=True)
+class Bearer:
+    token: str
+
+    def __repr__(self) -> str:
+        return "Bearer(...)"
+
+
+def parse_authorization(value: bytes) -> Basic | Bearer:
+    """The credentials of an ``Authorization`` header value; MalformedCredentials otherwise."""
+    if len(value) > MAX_HEADER:
+        raise MalformedCredentials("Authorization header too long")
+    scheme, sep, rest = value.strip().partition(b" ")
+    rest = rest.strip(b" ")
+    if not sep or not rest or not _TOKEN68.fullmatch(rest):
+        raise MalformedCredentials("expected 'Basic <base64>' or 'Bearer <token>'")
+    kind = scheme.lower()
+    if kind == b"bearer":
+        return Bearer(rest.decode("ascii"))
+    if kind != b"basic":
+        raise MalformedCredentials("unsupported authorization scheme (Basic or Bearer)")
+    try:
+        decoded = base64.b64decode(rest, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        raise MalformedCredentials("Basic credentials are not base64 of UTF-8 user:password") from None
+    user, sep, password = decoded.partition(":")
+    if not sep or not user or any(ord(c) < 32 or ord(c) == 127 for c in decoded):
+        raise MalformedCredentials("Basic credentials must be user:password")
+    return Basic(user, password)
+
+
+def unauthorized(message: str) -> JSONResponse:
+    return JSONResponse({"error": "UNAUTHORIZED", "message": message}, status_code=401,
+                        headers={"www-authenticate": WWW_AUTHENTICATE})
+
+
+def principal_of(scope: dict[str, Any]) -> str | None:
+    return scope.get(PRINCIPAL_KEY)
+
+
+class AuthMiddleware:
+    """Authenticates ``Authorization`` against the process's identity store (``state.identities``)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], state: Any) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = None
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                header = v
+                break
+        if header is None:
+            await self.app(scope, receive, send)
+            return
+        identities = self.state.identities
+        principal, why = None, "no identity store"
+        if identities is not None:
+            try:
+                cred = parse_authorization(header)
+            except MalformedCredentials as e:
+                why = str(e)
+            else:
+                if isinstance(cred, Basic):
+                    user = await identities.authenticate_password(cred.user, cred.password)
+                    why = "bad user name or password"
+                else:
+                    user = identities.authenticate_key(cred.token)
+                    why = "unknown or revoked API key"
+                principal = user.name if user is not None else None
+        if principal is None:
+            client = scope.get("client")
+            peer = f"{client[0]}:{client[1]}" if client else "-"
+            processor = self.state.processor
+            if processor is not None:
+                processor.metrics.inc("auth_failed", "http")
+            log.warning("login failed: protocol=http from=%s reason=%r", peer, why)
+            await unauthorized(why)(scope, receive, send)
+            return
+        scope[PRINCIPAL_KEY] = principal
+        await self.app(scope, receive, send)
+
+
+def context_of(scope: dict[str, Any], protocol: str) -> RequestContext:
+    """The processor context of a request: who logged in (if anyone), from where."""
+    client = scope.get("client")
+    return RequestContext(protocol=protocol, remote_address=f"{client[0]}:{client[1]}" if client else "",
+                          principal=scope.get(PRINCIPAL_KEY))
