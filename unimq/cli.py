@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     from adapters.cloudevents import topic_cli  # `unimq topic ...`: admin over the HTTP door (stdlib only)
 
     topic_cli.add_parser(sub)
+    from adapters.cloudevents import access_cli  # `unimq user|acl ...`: the admin API (stdlib only)
+
+    access_cli.add_parsers(sub)
     from spark_ingest import demo  # `unimq demo`: producers for the Spark story (imports clients lazily)
 
     demo.add_parser(sub)
@@ -144,6 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from adapters.cloudevents import topic_cli
 
         return topic_cli.run(args)
+    if args.command in ("user", "acl"):
+        from adapters.cloudevents import access_cli
+
+        return access_cli.run(args)
     if args.command == "demo":
         from spark_ingest import demo
 

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
-DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
-# Set once in a shell instead of --endpoint on every command (as kubectl's KUBECONFIG or mc's MC_HOST_*).
-ENDPOINT_ENV = "UNIMQ_ENDPOINT"
+from .admin_client import add_common, call
+
 TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "COMPACTED")
 
 
@@ -34,17 +31,9 @@ def add_parser(sub: Any) -> None:
         description="Topic admin against a running unimq through its HTTP door (POST/GET/DELETE /v1/topics).",
     )
     # The common options work before or after the action (`unimq topic list --endpoint URL`).
-    def common(p: argparse.ArgumentParser, default: Any) -> None:
-        p.add_argument("--endpoint", default=os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT if default is None else default,
-                       help=f"the HTTP door's base URL (default: ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT})")
-        p.add_argument("--json", action="store_true", default=False if default is None else default,
-                       help="print the server's JSON answer")
-        p.add_argument("--timeout", type=float, default=10.0 if default is None else default,
-                       help="seconds to wait for the server (default: 10)")
-
-    common(topic, None)
+    add_common(topic, None)
     shared = argparse.ArgumentParser(add_help=False)
-    common(shared, argparse.SUPPRESS)
+    add_common(shared, argparse.SUPPRESS)
     actions = topic.add_subparsers(dest="topic_command", metavar="ACTION")
     actions.required = True
     create = actions.add_parser("create", parents=[shared], help="create a topic (no error if it exists with the same type)")
@@ -64,21 +53,7 @@ def add_parser(sub: Any) -> None:
     compact.add_argument("name")
 
 
-def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    url = args.endpoint.rstrip("/") + path
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"content-type": "application/json", "accept": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=args.timeout) as resp:
-            raw = resp.read()
-            return resp.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        try:
-            return e.code, json.loads(raw)
-        except ValueError:
-            return e.code, {"error": f"HTTP_{e.code}", "message": raw.decode(errors="replace")[:200]}
+_call = call
 
 
 def _path(name: str) -> str:
