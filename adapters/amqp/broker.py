@@ -67,9 +67,12 @@ def lmq_offsets(m: Message, result: SendResult) -> dict[str, int]:
 class AmqpBroker:
     """Door-wide AMQP state and the store operations every connection shares."""
 
-    def __init__(self, processor: MessagingAPI, settings: Any) -> None:
+    def __init__(self, processor: MessagingAPI, settings: Any, identities: Any = None) -> None:
         self.processor = processor
         self.settings = settings
+        # The process's identity store (gateway.access.store.IdentityStore): with users in it,
+        # logins are checked against it first and opening a vhost needs a permission in it.
+        self.identities = identities
         self.ctx = RequestContext(protocol="amqp", client_id="amqp-door", trusted=True)
         self.vhosts: dict[str, VHost] = {v: VHost(v) for v in settings.amqp_vhosts}
         self.connections: set[AmqpConnection] = set()

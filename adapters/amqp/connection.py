@@ -32,7 +32,7 @@ from . import codec
 from .broker import AmqpBroker
 from .channel import Channel
 from .errors import AmqpError, method_ids
-from .handshake import SERVER_PROPERTIES, authenticate, tune
+from .handshake import SERVER_PROPERTIES, authenticate, credentials, tune
 from .methods import HANDLERS, NO_DRAIN
 from .publisher import MAX_PENDING, RETRIABLE, Publisher
 from .queue_state import QueueState
@@ -429,13 +429,19 @@ class AmqpConnection(asyncio.Protocol):
         nxt = transition(self.state, type(m), m)
         t = type(m)
         if t is C.Connection.StartOk:
-            self._start_ok(m, nxt)
+            await self._start_ok(m, nxt)
         elif t is C.Connection.TuneOk:
             self._tune_ok(m, nxt)
         elif t is C.Connection.Open:
             vh = self.broker.vhosts.get(m.virtual_host)
             if vh is None:
                 raise AmqpError(codec.NOT_ALLOWED, f"vhost '{m.virtual_host}' not found", 10, 40, hard=True)
+            ids = self.broker.identities
+            if ids is not None and ids.has_users and not ids.rules.may_open_vhost(self.user, vh.name):
+                self.broker.processor.metrics.inc("auth_denied", "amqp")
+                log.warning("denied: user=%s protocol=amqp from=%s action=open vhost=%r", self.user, self.peer, vh.name)
+                raise AmqpError(codec.ACCESS_REFUSED, f"access to vhost '{vh.name}' refused for user '{self.user}'",
+                                10, 40, hard=True)
             self.vhost = vh
             self.state = nxt
             if self._close_timer is not None:
@@ -457,11 +463,24 @@ class AmqpConnection(asyncio.Protocol):
             self.send_method(0, codec.method(C.Connection.UpdateSecretOk))
         # Connection.Blocked / Unblocked from a client: nothing to do
 
-    def _start_ok(self, m: Any, nxt: ConnState) -> None:
+    async def _start_ok(self, m: Any, nxt: ConnState) -> None:
         self.client_properties = m.client_properties or {}
         caps = self.client_properties.get("capabilities")
         self.client_caps = caps if isinstance(caps, dict) else {}
-        user = authenticate(m, self.settings, self.peer)
+        ids = self.broker.identities
+        user: str | None = None
+        if ids is not None and ids.has_users:  # the identity store first, then the door's amqp_users
+            name, password = credentials(m.mechanism, m.response)
+            if isinstance(name, str) and isinstance(password, str) and \
+                    await ids.authenticate_password(name, password) is not None:
+                user = name
+        if user is None:
+            try:
+                user = authenticate(m, self.settings, self.peer)
+            except AmqpError:
+                self.broker.processor.metrics.inc("auth_failed", "amqp")
+                log.warning("login failed: protocol=amqp from=%s", self.peer)
+                raise
         self.user = user
         self.ctx = RequestContext(protocol="amqp", client_id=str(self.client_properties.get("connection_name") or
                                                                  self.peer), remote_address=self.peer, principal=user)

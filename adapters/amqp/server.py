@@ -46,7 +46,7 @@ class AmqpDoor:
         from gateway.door import bind_socket
 
         settings = self._state.settings
-        self.broker = AmqpBroker(self._state.processor, settings)
+        self.broker = AmqpBroker(self._state.processor, settings, getattr(self._state, "identities", None))
         await self.broker.start()
         sock = bind_socket(settings.host, settings.amqp_port)
         loop = asyncio.get_running_loop()

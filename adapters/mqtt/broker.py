@@ -87,9 +87,14 @@ def _version() -> str:
 class MQTTBroker:
     """The door's sessions and what serves them; talks to the store only through the processor."""
 
-    def __init__(self, processor: MessagingAPI, config: MQTTConfig | None = None) -> None:
+    def __init__(self, processor: MessagingAPI, config: MQTTConfig | None = None, identities: Any = None,
+                 allow_anonymous: bool = True) -> None:
         self.processor = processor
         self.config = cfg = config or MQTTConfig()
+        # The process's identity store (gateway.access.store.IdentityStore): with users in it,
+        # CONNECT logins are checked against it and topic rights come from its permissions.
+        self.identities = identities
+        self.allow_anonymous = allow_anonymous  # the process's allow_anonymous (with users in the store)
         self.ctx = RequestContext(protocol="mqtt", client_id="mqtt-door", trusted=True)
         self.counters = Counters()
         self.credentials = Credentials(cfg.users, cfg.password_file)
@@ -115,6 +120,9 @@ class MQTTBroker:
     # -- lifecycle
 
     async def start(self) -> None:
+        if self.identities is not None:
+            self.identities.listeners.append(self._identities_changed)
+            self._identities_changed()
         if self.topic_acl is not None:
             # MessagingProcessor's installed authorizer (MessagingAPI declares only the setter)
             self._outer_authorizer = self.processor.authorizer  # type: ignore[attr-defined]
@@ -124,7 +132,16 @@ class MQTTBroker:
         self.sys.start()
         self.processor.add_router(self)  # messages other doors send on MQTT topics
 
+    def _identities_changed(self) -> None:
+        """Users or permissions changed: ask again for every session (open connections included)."""
+        self.access.enforced = self.topic_acl is not None or self.identities.has_users
+        for s in self.sessions.values():
+            s.acl_write.clear()
+        self.routing.changed()  # dispatch plans decided what each session may read
+
     async def stop(self) -> None:
+        if self.identities is not None and self._identities_changed in self.identities.listeners:
+            self.identities.listeners.remove(self._identities_changed)
         self.processor.remove_router(self)
         await self.sys.stop()
         for conn in list(self.connections):
@@ -491,18 +508,24 @@ class MQTTBroker:
         if v5 and "authentication_method" in props:
             conn.refuse(C.RC_BAD_AUTH_METHOD, "enhanced authentication is not supported")
             return
-        # authentication
+        # authentication: the identity store (when it has users), then the door's own users
+        ids = self.identities
+        store_on = ids is not None and ids.has_users
         if pkt.username is not None:
-            if self.credentials.configured:
-                if not self.credentials.check(pkt.username, pkt.password):
-                    conn.refuse(C.RC_BAD_USERNAME_OR_PASSWORD, "bad user name or password")
-                    return
-            elif not cfg.allow_anonymous:
+            ok = store_on and await ids.authenticate_password(pkt.username, pkt.password or b"") is not None
+            if not ok and self.credentials.configured:
+                ok = self.credentials.check(pkt.username, pkt.password)
+            if not ok and (store_on or self.credentials.configured or not cfg.allow_anonymous):
+                self.processor.metrics.inc("auth_failed", "mqtt")
+                log.warning("login failed: protocol=mqtt from=%s user=%r", conn.peer, pkt.username)
                 conn.refuse(C.RC_BAD_USERNAME_OR_PASSWORD, "bad user name or password")
                 return
         elif not cfg.allow_anonymous:
             conn.refuse(C.RC_NOT_AUTHORIZED if v5 else C.RC_BAD_USERNAME_OR_PASSWORD,
                         "anonymous clients are not allowed")
+            return
+        elif store_on and not self.allow_anonymous:
+            conn.refuse(C.RC_NOT_AUTHORIZED, "anonymous clients are not allowed: log in")  # 3.1.1: 5
             return
         cid = pkt.client_id
         assigned = None

@@ -85,7 +85,8 @@ class MQTTDoor:
         settings = getattr(state, "settings", None)
         self.host = host if host is not None else settings.host
         self.port = port if port is not None else settings.mqtt_port
-        self.broker = broker or MQTTBroker(state.processor, door_config(settings))
+        self.broker = broker or MQTTBroker(state.processor, door_config(settings), getattr(state, "identities", None),
+                                           getattr(settings, "allow_anonymous", True))
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> tuple[str, int]:
