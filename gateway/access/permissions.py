@@ -4,7 +4,8 @@ The resources and their pattern syntax:
 
 - ``topic``: an MQTT topic filter (``+`` one level, ``#`` the rest; ``*`` or ``#``
   alone: every topic), matched against unified topic names and MQTT topic names
-  alike. An MQTT subscription's filter must be *covered* by the pattern
+  alike; a pattern with ``*``, ``?`` or ``[`` is a shell pattern instead
+  (``orders-*``; ``*`` crosses ``/``). An MQTT subscription's filter must be *covered* by the pattern
   (``a/#`` covers ``a/b/+``). MQTT topic ``a/b/c`` is stored in unified topic
   ``a`` (``gateway.naming``), so publishing and creating a unified topic is
   also granted by a pattern whose first level names it (``sensors/+/temp``
@@ -42,6 +43,8 @@ def topic_pattern_matches(pattern: str, name: str, action: str, *, mqtt: bool) -
     """Does a ``topic`` pattern grant ``action`` on ``name`` (an MQTT topic, filter, or unified topic)?"""
     if pattern in ("*", "#"):
         return True
+    if "*" in pattern or "?" in pattern or "[" in pattern:  # a shell pattern (orders-*)
+        return fnmatchcase(name, pattern)
     if mqtt:
         if action == "subscribe":  # an MQTT filter (a topic name is a filter too)
             return filter_covers(pattern, name)
