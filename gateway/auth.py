@@ -32,7 +32,8 @@ consumer_lag, store_stats                             ADMIN cluster ("")
 
 A door asks itself, through ``MessagingAPI.authorize``/``allowed``, for what it
 decides alone (an MQTT subscription's filter, delivery of a topic to a session):
-those use :attr:`Resource.MQTT_TOPIC` and the like.
+those use :attr:`Resource.MQTT_TOPIC` and the like; the AMQP door asks RabbitMQ's
+configure/write/read questions on exchanges and queues with :attr:`Resource.AMQP`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ class Resource(str, Enum):
     MQTT_TOPIC = "mqtt_topic"  # an MQTT topic name; for SUBSCRIBE a topic filter, to be covered entirely
     DOOR_STATE = "door_state"  # a door's durable state, by its namespace ("mqtt.session", ...)
     CLUSTER = "cluster"  # the deployment as a whole (name "")
+    # An AMQP exchange or queue: name "<vhost>\x1f<exchange or queue>" (AMQP_SEP); RabbitMQ's
+    # configure is CREATE (declare, delete), write is PUBLISH, read is SUBSCRIBE.
+    AMQP = "amqp"
+
+
+#: Separates the vhost from the exchange or queue name in an :attr:`Resource.AMQP` question.
+AMQP_SEP = "\x1f"
 
 
 class UnauthorizedError(UnimqError):

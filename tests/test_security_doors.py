@@ -135,3 +135,43 @@ def test_amqp_logins_and_vhost_access(server) -> None:
         time.sleep(0.05)
     assert got[2] == b"hi"
     conn.close()
+
+
+def test_amqp_vhost_regexes_are_rabbitmqs(server) -> None:
+    """configure / write / read regular expressions on queues and exchanges, as RabbitMQ checks them."""
+    assert server.admin.post("/v1/admin/users", json={"name": "shop", "password": "shop-pw"}).status_code == 201
+    r = server.admin.post("/v1/admin/acl", json={"subject": "shop", "resource": "vhost", "pattern": "/",
+                                                 "configure": "^shop\\.", "write": "^(amq\\.default|shop\\..*)$",
+                                                 "read": "^shop\\.(orders|public)$"})
+    assert r.status_code == 201
+    conn = _amqp(server, "shop", "shop-pw")
+    ch = conn.channel()
+    ch.queue_declare("shop.orders")
+    ch.queue_declare("shop.private")
+    ch.basic_publish("", "shop.orders", b"order-1")  # write on amq.default
+    deadline = time.monotonic() + 15
+    while (got := ch.basic_get("shop.orders", auto_ack=True))[0] is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert got[2] == b"order-1"
+    refusals = [
+        (lambda c: c.queue_declare("billing"), "access to queue 'billing' in vhost '/' refused for user 'shop'"),
+        (lambda c: c.basic_get("shop.private"), "access to queue 'shop.private' in vhost '/' refused for user 'shop'"),
+        (lambda c: c.exchange_declare("audit", "fanout"), "access to exchange 'audit' in vhost '/' refused"),
+        (lambda c: c.queue_bind("shop.orders", "amq.topic", "x.y"),
+         "access to exchange 'amq.topic' in vhost '/' refused for user 'shop'"),
+    ]
+    for op, words in refusals:
+        c = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            op(c)
+        assert e.value.reply_code == 403 and words in e.value.reply_text, e.value.reply_text
+    # publishing to an exchange without write: the channel is closed with 403
+    c = conn.channel()
+    c.basic_publish("amq.topic", "a.b", b"x")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+        c.queue_declare("shop.orders", passive=True)
+    assert e.value.reply_code == 403 and "access to exchange 'amq.topic'" in e.value.reply_text
+    conn.close()
+    metrics = httpx.get(server.url(path="/metrics")).text
+    assert 'unimq_auth_denied_total{protocol="amqp"}' in metrics

@@ -73,6 +73,7 @@ class AmqpBroker:
         # The process's identity store (gateway.access.store.IdentityStore): with users in it,
         # logins are checked against it first and opening a vhost needs a permission in it.
         self.identities = identities
+        self.access_enforced = False  # users in the store: exchange and queue operations are asked
         self.ctx = RequestContext(protocol="amqp", client_id="amqp-door", trusted=True)
         self.vhosts: dict[str, VHost] = {v: VHost(v) for v in settings.amqp_vhosts}
         self.connections: set[AmqpConnection] = set()
@@ -157,6 +158,9 @@ class AmqpBroker:
 
     async def start(self) -> None:
         pencode.support_deprecated_rabbitmq(True)  # integers in tables as b/s/I/l, the types RabbitMQ sends
+        if self.identities is not None:
+            self.identities.listeners.append(self._identities_changed)
+            self._identities_changed()
         self.processor.add_router(self)
         await self._load()
         self._expiry.start()
@@ -165,8 +169,16 @@ class AmqpBroker:
                 if q.count or q.ttl is not None:
                     q.wake()
 
+    def _identities_changed(self) -> None:
+        """Users or permissions changed: open connections ask again at their next operation."""
+        self.access_enforced = self.identities.has_users
+        for c in self.connections:
+            c.access_cache.clear()
+
     async def stop(self) -> None:
         self.stopping = True
+        if self.identities is not None and self._identities_changed in self.identities.listeners:
+            self.identities.listeners.remove(self._identities_changed)
         self.processor.remove_router(self)
         await self._expiry.stop()
         for vh in self.vhosts.values():

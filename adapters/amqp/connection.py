@@ -18,6 +18,7 @@ decisions are :mod:`~adapters.amqp.handshake`, each channel method's meaning
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -26,6 +27,7 @@ from typing import Any
 from pamqp import commands as C
 
 from core_broker.errors import MessageTooLargeError, TopicNotFoundError, UnimqError
+from gateway.auth import AMQP_SEP, Action, Resource
 from gateway.context import RequestContext
 
 from . import codec
@@ -82,6 +84,8 @@ class AmqpConnection(asyncio.Protocol):
         self.user = ""
         self.peer = ""
         self.ctx = RequestContext(protocol="amqp")
+        self.send_ctx = self.ctx
+        self.access_cache: dict[tuple[Action, str, str], bool] = {}  # access() answers until users change
         self.client_caps: dict[str, Any] = {}
         self.client_properties: dict[str, Any] = {}
         self.writable = True
@@ -484,6 +488,9 @@ class AmqpConnection(asyncio.Protocol):
         self.user = user
         self.ctx = RequestContext(protocol="amqp", client_id=str(self.client_properties.get("connection_name") or
                                                                  self.peer), remote_address=self.peer, principal=user)
+        # what the door stores on the client's behalf once access() allowed it (RabbitMQ's model: the
+        # vhost's exchanges and queues are asked, not the unified topics the door keeps them in)
+        self.send_ctx = dataclasses.replace(self.ctx, trusted=True)
         self.state = nxt
         self.send_method(0, codec.method(C.Connection.Tune, channel_max=self.settings.amqp_channel_max,
                                          frame_max=self.settings.amqp_frame_max,
@@ -513,6 +520,25 @@ class AmqpConnection(asyncio.Protocol):
             self.write(codec.HEARTBEAT_FRAME)
 
     # ------------------------------------------------------------------ helpers for handlers
+
+    def access(self, action: Action, kind: str, name: str, m: Any) -> None:
+        """RabbitMQ's check of one exchange or queue (configure: CREATE, write: PUBLISH, read: SUBSCRIBE),
+        asked of the processor's authorizer once users exist; refused: 403 ACCESS_REFUSED, RabbitMQ's words."""
+        if not self.broker.access_enforced:
+            return
+        key = (action, kind, name)
+        ok = self.access_cache.get(key)
+        if ok is None:
+            vh = self.vhost
+            assert vh is not None
+            ok = self.broker.processor.allowed(self.ctx, action, Resource.AMQP, f"{vh.name}{AMQP_SEP}{name}")
+            if len(self.access_cache) > 1024:
+                self.access_cache.clear()
+            self.access_cache[key] = ok
+        if not ok:
+            vh = self.vhost
+            raise AmqpError(codec.ACCESS_REFUSED, f"access to {kind} '{name}' in vhost '{vh.name if vh else ''}' "
+                            f"refused for user '{self.user}'", *method_ids(m))
 
     def queue_for(self, ch: Channel, name: str, m: Any) -> QueueState:
         """The queue a method names (empty: the channel's last declared one), if this connection may use it."""

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
+from gateway.auth import Action
+
 from . import codec
 from .channel import Channel
 from .consumer import Consumer
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
     from .connection import AmqpConnection
 
 __all__ = ["HANDLERS", "NO_DRAIN"]
+
+# RabbitMQ's three permission kinds, as the authorizer's actions (see AmqpConnection.access)
+_CONFIGURE, _WRITE, _READ = Action.CREATE, Action.PUBLISH, Action.SUBSCRIBE
 
 
 async def _channel_close(conn: AmqpConnection, ch: Channel, m: Any) -> None:
@@ -69,6 +74,7 @@ async def _exchange_declare(conn: AmqpConnection, ch: Channel, m: Any) -> None:
         if ex is None:
             raise AmqpError(codec.NOT_FOUND, f"no exchange '{name}' in vhost '{vh.name}'", 40, 10)
     else:
+        conn.access(_CONFIGURE, "exchange", name, m)
         if name == "":
             raise AmqpError(codec.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10)
         if m.exchange_type not in EXCHANGE_TYPES:
@@ -97,6 +103,7 @@ async def _exchange_delete(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     name = m.exchange
     if name == "" or _reserved(name):
         raise AmqpError(codec.ACCESS_REFUSED, f"operation not permitted on exchange '{name}'", 40, 20)
+    conn.access(_CONFIGURE, "exchange", name, m)
     ex = vh.exchanges.get(name)
     if ex is not None:
         if m.if_unused and ex.bindings:
@@ -122,6 +129,8 @@ async def _exchange_bind(conn: AmqpConnection, ch: Channel, m: Any) -> None:
         raise AmqpError(codec.ACCESS_REFUSED, "operation not permitted on the default exchange", *method_ids(m))
     args = m.arguments or {}
     b = Binding(m.source, m.destination, True, m.routing_key, args_key(args))
+    conn.access(_WRITE, "exchange", m.destination, m)
+    conn.access(_READ, "exchange", m.source, m)
     if isinstance(m, C.Exchange.Bind):
         _exchange(conn, m.source, m)
         _exchange(conn, m.destination, m)
@@ -146,6 +155,7 @@ async def _queue_declare(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     else:
         if not name:
             name = broker.generated_name("amq.gen-")
+        conn.access(_CONFIGURE, "queue", name, m)
         q = vh.queues.get(name)
         args = dict(m.arguments or {})
         if q is not None:
@@ -179,6 +189,8 @@ async def _queue_bind(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     if m.exchange == "":
         raise AmqpError(codec.ACCESS_REFUSED, "operation not permitted on the default exchange", *method_ids(m))
     args = m.arguments or {}
+    conn.access(_WRITE, "queue", m.queue or ch.last_queue, m)
+    conn.access(_READ, "exchange", m.exchange, m)
     if isinstance(m, C.Queue.Bind):
         q = conn.queue_for(ch, m.queue, m)
         _exchange(conn, m.exchange, m)
@@ -202,6 +214,7 @@ async def _queue_bind(conn: AmqpConnection, ch: Channel, m: Any) -> None:
 
 async def _queue_purge(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     q = conn.queue_for(ch, m.queue, m)
+    conn.access(_READ, "queue", q.name, m)
     n = await q.purge()
     if not m.nowait:
         conn.send_method(ch.number, codec.method(C.Queue.PurgeOk, message_count=n))
@@ -211,6 +224,7 @@ async def _queue_delete(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     vh = conn.vhost
     assert vh is not None
     name = m.queue or ch.last_queue
+    conn.access(_CONFIGURE, "queue", name, m)
     q = vh.queues.get(name)
     n = 0
     if q is not None:
@@ -239,6 +253,7 @@ async def _basic_qos(conn: AmqpConnection, ch: Channel, m: Any) -> None:
 
 async def _basic_consume(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     q = conn.queue_for(ch, m.queue, m)
+    conn.access(_READ, "queue", q.name, m)
     tag = m.consumer_tag or conn.broker.generated_name("amq.ctag-")
     if tag in ch.consumers:
         raise AmqpError(codec.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20, hard=True)
@@ -269,6 +284,7 @@ async def _basic_cancel(conn: AmqpConnection, ch: Channel, m: Any) -> None:
 
 async def _basic_get(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     q = conn.queue_for(ch, m.queue, m)
+    conn.access(_READ, "queue", q.name, m)
     lease = await q.take_one()
     if lease is None:
         conn.send_method(ch.number, codec.method(C.Basic.GetEmpty))

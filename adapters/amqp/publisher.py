@@ -21,6 +21,8 @@ from pamqp import commands as C
 
 from core_broker.errors import BadRequestError, NotEnoughInSyncReplicasError, NotMasterError, StoreFullError, UnimqError
 
+from gateway.auth import Action
+
 from . import codec
 from .errors import AmqpError
 from .mapping import build_message
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from .connection import AmqpConnection
 
 log = logging.getLogger("unimq.amqp")
+
+_WRITE = Action.PUBLISH
 
 __all__ = ["Publisher", "Pub", "MAX_BATCH", "MAX_PENDING", "RETRIABLE"]
 
@@ -81,6 +85,8 @@ class Publisher:
         if ex.internal:
             raise AmqpError(codec.ACCESS_REFUSED, f"cannot publish to internal exchange '{exname}' in vhost "
                             f"'{vh.name}'", 60, 40)
+        if conn.broker.access_enforced:
+            conn.access(_WRITE, "exchange", exname or "amq.default", m)
         if m.immediate:
             raise AmqpError(codec.NOT_IMPLEMENTED, "immediate=true", 60, 40, hard=True)
         body = ev.body
@@ -167,7 +173,7 @@ class Publisher:
         conn = self.conn
         broker = conn.broker
         try:
-            results = await broker.send(conn.ctx, [b[1] for b in batch])
+            results = await broker.send(conn.send_ctx, [b[1] for b in batch])
         except UnimqError as e:
             if isinstance(e, StoreFullError):
                 broker.set_blocked("low on disk")

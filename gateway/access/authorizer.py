@@ -27,7 +27,7 @@ import ipaddress
 import logging
 import time
 
-from ..auth import Action, Resource, UnauthorizedError, forbidden
+from ..auth import AMQP_SEP, Action, Resource, UnauthorizedError, forbidden
 from ..context import RequestContext
 from ..metrics import Metrics
 from .store import IdentityStore
@@ -47,6 +47,10 @@ _KIND = {
     Resource.DOOR_STATE: ("admin", False),
     Resource.CLUSTER: ("admin", False),
 }
+
+#: AMQP questions -> RabbitMQ's permission kinds
+_VHOST_RIGHT = {Action.CREATE: "configure", Action.DELETE: "configure", Action.PUBLISH: "write",
+                Action.SUBSCRIBE: "read"}
 
 
 def host_is_loopback(host: str) -> bool:
@@ -106,8 +110,12 @@ class StoreAuthorizer:
         key = (principal, action, resource, name)
         ok = self._decisions.get(key)
         if ok is None:
-            kind, mqtt = _KIND.get(resource, ("admin", False))
-            ok = rules.allows(principal, action.value, kind, name, mqtt=mqtt)
+            if resource is Resource.AMQP:
+                vhost, _, what = name.partition(AMQP_SEP)
+                ok = rules.vhost_allows(principal, vhost, _VHOST_RIGHT.get(action, "configure"), what)
+            else:
+                kind, mqtt = _KIND.get(resource, ("admin", False))
+                ok = rules.allows(principal, action.value, kind, name, mqtt=mqtt)
             if len(self._decisions) >= _DECISIONS_MAX:
                 self._decisions.clear()
             self._decisions[key] = ok
