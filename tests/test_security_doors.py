@@ -175,3 +175,38 @@ def test_amqp_vhost_regexes_are_rabbitmqs(server) -> None:
     conn.close()
     metrics = httpx.get(server.url(path="/metrics")).text
     assert 'unimq_auth_denied_total{protocol="amqp"}' in metrics
+
+
+def test_grpc_access_keys_of_the_store(server) -> None:
+    """The official RocketMQ client signs with an access key pair of a store user; the user's
+    permissions decide (the signature proves who it is)."""
+    import asyncio
+
+    from grpc_helpers import client_config, message, producer, started
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.v5.util import Signature
+    from test_grpc_security import _unauthorized_status
+
+    r = server.admin.post("/v1/admin/users/dev/access-keys")
+    assert r.status_code == 201
+    ak, sk = r.json()["access_key"], r.json()["secret_key"]
+    assert ak not in str(server.admin.get("/v1/admin/users/dev").json().get("secret", ""))
+    port = server.ports["grpc"]
+    for t in ("dev", "prod"):  # dev may publish to topic dev (as dev/#'s carrier), not create it
+        assert server.admin.post("/v1/topics", json={"name": t}).status_code == 201
+    with started(producer(port, ("dev",), ak=ak, sk=sk)) as p:
+        assert p.send(message("dev", b"signed by dev")).message_id
+    wrong = Signature.metadata(client_config(port, ak, "not-the-secret"), "test-client")
+    assert asyncio.run(_unauthorized_status(port, wrong)) == pb.Code.UNAUTHORIZED
+    assert asyncio.run(_unauthorized_status(port, None)) == pb.Code.UNAUTHORIZED  # users exist: sign
+    # dev may not publish to another topic: the processor's authorizer refuses it
+    with started(producer(port, ("prod",), ak=ak, sk=sk)) as p:
+        with pytest.raises(Exception):
+            p.send(message("prod", b"refused"))
+    assert "denied: user=dev protocol=grpc" in server.stderr()
+    assert server.admin.delete(f"/v1/admin/users/dev/access-keys/{ak}").status_code == 204
+    right = Signature.metadata(client_config(port, ak, sk), "test-client")
+    deadline = time.monotonic() + 15
+    while asyncio.run(_unauthorized_status(port, right)) != pb.Code.UNAUTHORIZED:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)

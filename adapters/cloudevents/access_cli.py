@@ -52,6 +52,10 @@ def add_parsers(sub: Any) -> None:
     key = acts.add_parser("key", parents=[shared], help="create (printed once) or delete an API key of a user")
     key.add_argument("name")
     key.add_argument("--delete", metavar="KEY_ID", help="delete this key instead of creating one")
+    ak = acts.add_parser("access-key", parents=[shared],
+                         help="create (printed once) or delete a RocketMQ access key pair (the gRPC door's signature)")
+    ak.add_argument("name")
+    ak.add_argument("--delete", metavar="ACCESS_KEY", help="delete this access key instead of creating one")
     imp = acts.add_parser("import", parents=[shared],
                           help="import users and permissions from Mosquitto files or a RabbitMQ definitions export")
     imp.add_argument("--mosquitto-passwords", type=Path, metavar="FILE", help="a mosquitto_passwd file")
@@ -109,10 +113,11 @@ def _user_call(args: argparse.Namespace) -> tuple[int, Any] | int:
         return call(args, "DELETE", path)
     if cmd == "list":
         return call(args, "GET", "/v1/admin/users")
-    if cmd == "key":
+    if cmd in ("key", "access-key"):
+        sub = "/keys/" if cmd == "key" else "/access-keys/"
         if args.delete:
-            return call(args, "DELETE", path + "/keys/" + urllib.parse.quote(args.delete, safe=""))
-        return call(args, "POST", path + "/keys")
+            return call(args, "DELETE", path + sub + urllib.parse.quote(args.delete, safe=""))
+        return call(args, "POST", path + sub.rstrip("/"))
     # import
     if args.rabbitmq_definitions:
         try:
@@ -165,6 +170,8 @@ def _show(args: argparse.Namespace, status: int, body: Any) -> None:
             print(f"{p['subject']}\t{p['resource']}\t{p['pattern']}\t{what}")
     elif args.command == "user" and cmd == "key" and not args.delete:
         print(body["key"])  # the only time it is shown
+    elif args.command == "user" and cmd == "access-key" and not args.delete:
+        print(f"{body['access_key']} {body['secret_key']}")  # the only time the secret is shown
     elif args.command == "user" and cmd == "import":
         print(f"imported {len(body['users'])} users, {body['permissions']} permissions")
         for s in body["skipped"]:

@@ -134,6 +134,20 @@ def router(deps: Deps) -> APIRouter:
             raise ApiError(404, "KEY_NOT_FOUND", f"user {name!r} has no API key {key_id!r}")
         return Response(status_code=204)
 
+    @router.post("/users/{name}/access-keys", status_code=201)
+    async def add_access_key(request: Request, name: str = Path()) -> Response:
+        """A RocketMQ access key pair for the gRPC door's signature: `{"access_key", "secret_key"}` (shown once)."""
+        store = await store_for(request, "users")
+        key = await store.add_access_key(name)
+        return json_response({"access_key": key.access_key, "secret_key": key.secret_key, "user": name}, 201)
+
+    @router.delete("/users/{name}/access-keys/{access_key}", status_code=204, response_class=Response)
+    async def delete_access_key(request: Request, name: str = Path(), access_key: str = Path()) -> Response:
+        store = await store_for(request, "users")
+        if not await store.delete_access_key(name, access_key):
+            raise ApiError(404, "KEY_NOT_FOUND", f"user {name!r} has no access key {access_key!r}")
+        return Response(status_code=204)
+
     @router.get("/acl")
     async def list_acl(request: Request, subject: str | None = Query(None)) -> Response:
         """Every permission (or a subject's): `{"subject", "resource", "pattern", "actions"}`."""

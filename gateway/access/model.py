@@ -26,8 +26,8 @@ from typing import Any
 from core_broker.errors import InvalidArgumentError
 
 __all__ = [
-    "ACTIONS", "ANONYMOUS", "KEY_PREFIX", "RESOURCES", "ApiKey", "Permission", "User", "new_api_key", "parse_actions",
-    "split_api_key", "validate_name",
+    "ACTIONS", "ANONYMOUS", "KEY_PREFIX", "RESOURCES", "AccessKey", "ApiKey", "Permission", "Snapshot", "User",
+    "new_access_key", "new_api_key", "parse_actions", "split_api_key", "validate_name",
 ]
 
 #: What a permission may grant (``consume`` is a synonym of ``subscribe``, ``all`` every one).
@@ -101,17 +101,37 @@ def split_api_key(token: str) -> tuple[str, str] | None:
 
 
 @dataclass(frozen=True)
+class AccessKey:
+    """A RocketMQ access key pair (the gRPC door's ``MQv2-HMAC-SHA1`` signature).
+
+    The secret is kept as it is: an HMAC can only be checked by whoever holds its
+    key (RocketMQ's own ACL file keeps it so too). It is a random credential made
+    here, never a password a person chose; protect the data directory accordingly.
+    """
+
+    access_key: str
+    secret_key: str
+    created_ms: int = 0
+
+
+def new_access_key(created_ms: int = 0) -> AccessKey:
+    return AccessKey("AK" + secrets.token_hex(10).upper(), secrets.token_urlsafe(30), created_ms)
+
+
+@dataclass(frozen=True)
 class User:
     name: str
     password_hash: str = ""  # empty: no password login (API keys only)
     roles: tuple[str, ...] = ()
     api_keys: tuple[ApiKey, ...] = ()
     created_ms: int = 0
+    access_keys: tuple[AccessKey, ...] = ()
 
     def to_json(self) -> bytes:
         return json.dumps({
             "name": self.name, "password_hash": self.password_hash, "roles": list(self.roles),
             "api_keys": [[k.key_id, k.secret_sha256, k.created_ms] for k in self.api_keys],
+            "access_keys": [[k.access_key, k.secret_key, k.created_ms] for k in self.access_keys],
             "created_ms": self.created_ms,
         }, separators=(",", ":")).encode()
 
@@ -119,12 +139,14 @@ class User:
     def from_json(cls, raw: bytes) -> User:
         d = json.loads(raw)
         return cls(d["name"], d.get("password_hash", ""), tuple(d.get("roles", ())),
-                   tuple(ApiKey(*k) for k in d.get("api_keys", ())), d.get("created_ms", 0))
+                   tuple(ApiKey(*k) for k in d.get("api_keys", ())), d.get("created_ms", 0),
+                   tuple(AccessKey(*k) for k in d.get("access_keys", ())))
 
     def public(self) -> dict[str, Any]:
-        """What the admin API shows of a user (never a hash)."""
+        """What the admin API shows of a user (never a hash or a secret)."""
         return {"name": self.name, "roles": list(self.roles), "has_password": bool(self.password_hash),
-                "api_keys": [k.key_id for k in self.api_keys], "created_ms": self.created_ms}
+                "api_keys": [k.key_id for k in self.api_keys],
+                "access_keys": [k.access_key for k in self.access_keys], "created_ms": self.created_ms}
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,13 @@ import logging
 import os
 import secrets
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from core_broker.errors import InvalidArgumentError, UnimqError
 
 from ..context import RequestContext
-from .model import ApiKey, Permission, Snapshot, User, new_api_key, split_api_key, validate_name
+from .model import AccessKey, ApiKey, Permission, Snapshot, User, new_access_key, new_api_key, split_api_key, validate_name
 from .passwords import hash_password, verify_password
 from .permissions import Rules
 
@@ -72,6 +73,7 @@ class IdentityStore:
         self.snapshot = Snapshot()
         self.rules = Rules(self.snapshot)
         self._keys: dict[str, tuple[str, ApiKey]] = {}  # key id -> (user, key)
+        self._access: dict[str, tuple[str, str]] = {}  # RocketMQ access key -> (user, secret)
         self._rev: bytes | None = None
         self._task: asyncio.Task[None] | None = None
         self._pepper = os.urandom(32)  # this process's key for remembering verified passwords
@@ -126,6 +128,7 @@ class IdentityStore:
         self.snapshot = snap
         self.rules = Rules(snap)
         self._keys = {k.key_id: (u.name, k) for u in snap.users.values() for k in u.api_keys}
+        self._access = {k.access_key: (u.name, k.secret_key) for u in snap.users.values() for k in u.access_keys}
         for cb in list(self.listeners):
             cb()
 
@@ -163,6 +166,10 @@ class IdentityStore:
             return None
         return self.snapshot.users.get(found[0])
 
+    def access_key(self, access_key: str) -> tuple[str, str] | None:
+        """(user, secret) of a RocketMQ access key (the gRPC door checks the signature with the secret)."""
+        return self._access.get(access_key)
+
     # -- changes (each written through, then applied here at once)
 
     async def _put(self, entries: Iterable[tuple[str, bytes | None]]) -> None:
@@ -187,7 +194,8 @@ class IdentityStore:
             raise UserExistsError(f"user {name!r} exists")
         if password_hash is None:
             password_hash = await asyncio.to_thread(hash_password, password) if password else ""
-        user = User(name, password_hash, roles, old.api_keys if old else (), old.created_ms if old else _now_ms())
+        user = User(name, password_hash, roles, old.api_keys if old else (), old.created_ms if old else _now_ms(),
+                    old.access_keys if old else ())
         await self._put([(f"user:{name}", user.to_json())])
         return user
 
@@ -196,13 +204,12 @@ class IdentityStore:
         if not password:
             raise InvalidArgumentError("the password is empty")
         h = await asyncio.to_thread(hash_password, password)
-        await self._put([(f"user:{name}", User(name, h, user.roles, user.api_keys, user.created_ms).to_json())])
+        await self._put([(f"user:{name}", replace(user, password_hash=h).to_json())])
 
     async def set_roles(self, name: str, roles: Iterable[str]) -> None:
         user = self.user(name)
         roles = tuple(validate_name("role", r) for r in roles)
-        await self._put([(f"user:{name}", User(name, user.password_hash, roles, user.api_keys,
-                                               user.created_ms).to_json())])
+        await self._put([(f"user:{name}", replace(user, roles=roles).to_json())])
 
     async def delete_user(self, name: str) -> None:
         """Remove a user and the permissions granted to them by name (as RabbitMQ does)."""
@@ -214,17 +221,30 @@ class IdentityStore:
         """A new API key for ``name``: (the token, shown once; what is stored)."""
         user = self.user(name)
         token, key = new_api_key(_now_ms())
-        await self._put([(f"user:{name}", User(name, user.password_hash, user.roles, user.api_keys + (key,),
-                                               user.created_ms).to_json())])
+        await self._put([(f"user:{name}", replace(user, api_keys=user.api_keys + (key,)).to_json())])
         return token, key
+
+    async def add_access_key(self, name: str) -> AccessKey:
+        """A new RocketMQ access key pair for ``name`` (the gRPC door's signature)."""
+        user = self.user(name)
+        key = new_access_key(_now_ms())
+        await self._put([(f"user:{name}", replace(user, access_keys=user.access_keys + (key,)).to_json())])
+        return key
+
+    async def delete_access_key(self, name: str, access_key: str) -> bool:
+        user = self.user(name)
+        keys = tuple(k for k in user.access_keys if k.access_key != access_key)
+        if len(keys) == len(user.access_keys):
+            return False
+        await self._put([(f"user:{name}", replace(user, access_keys=keys).to_json())])
+        return True
 
     async def delete_api_key(self, name: str, key_id: str) -> bool:
         user = self.user(name)
         keys = tuple(k for k in user.api_keys if k.key_id != key_id)
         if len(keys) == len(user.api_keys):
             return False
-        await self._put([(f"user:{name}", User(name, user.password_hash, user.roles, keys,
-                                               user.created_ms).to_json())])
+        await self._put([(f"user:{name}", replace(user, api_keys=keys).to_json())])
         return True
 
     async def grant(self, perm: Permission) -> Permission:

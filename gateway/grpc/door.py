@@ -145,6 +145,7 @@ class GrpcDoor:
         self.service = MessagingService(
             processor,
             credentials=settings.grpc_credentials,
+            identities=getattr(self._state, "identities", None),
             max_delivery_attempts=broker.max_delivery_attempts,
             retry_backoff_ms=tuple(broker.retry_backoff_ms),
             long_polling_ms=min(20_000, broker.max_long_poll_ms),

@@ -41,7 +41,7 @@ from . import convert as cv
 from .convert import Code
 from .renewal import Renewer
 from .sessions import SessionRegistry
-from .signature import verify
+from .signature import KeyRing, verify
 
 log = logging.getLogger("unimq.grpc")
 
@@ -95,12 +95,15 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         processor: MessagingAPI,
         *,
         credentials: Mapping[str, str] | None = None,
+        identities: Any = None,
         max_delivery_attempts: int = 16,
         retry_backoff_ms: tuple[int, ...] = (1000,),
         long_polling_ms: int = 20_000,
     ) -> None:
         self.processor = processor
-        self.credentials = dict(credentials or {})
+        # grpc_credentials, then the identity store's access keys (gateway.access.store.IdentityStore)
+        self.credentials = KeyRing(credentials or {}, identities.access_key if identities is not None else None,
+                                   (lambda: identities.has_users) if identities is not None else None)
         self.max_delivery_attempts = max_delivery_attempts
         self.retry_backoff_ms = retry_backoff_ms
         self.long_polling_ms = long_polling_ms
@@ -120,6 +123,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         """The processor context of a call, after checking its signature (UnauthorizedError)."""
         md = cv.metadata_dict(context.invocation_metadata())
         principal = verify(md, self.credentials)
+        if principal is not None:
+            principal = self.credentials.principal(principal)
         ctx = RequestContext(
             protocol="grpc",
             client_id=md.get("x-mq-client-id", ""),

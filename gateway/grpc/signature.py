@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from gateway.auth import UnauthorizedError
 
@@ -35,6 +35,41 @@ def parse_authorization(header: str) -> dict[str, str]:
 
 def sign(secret: str, date_time: str) -> str:
     return hmac.new(secret.encode(), date_time.encode(), hashlib.sha1).hexdigest()
+
+
+class KeyRing(Mapping[str, str]):
+    """The secrets the door accepts: ``grpc_credentials`` from the config, then the identity store's
+    access keys (``store(ak) -> (user, secret) | None``; ``active()``: does the store have users).
+
+    Empty (so signatures are not checked) only when neither has any."""
+
+    def __init__(self, configured: Mapping[str, str], store: Callable[[str], tuple[str, str] | None] | None = None,
+                 active: Callable[[], bool] | None = None) -> None:
+        self.configured = dict(configured)
+        self.store = store
+        self.active = active
+
+    def __getitem__(self, ak: str) -> str:
+        v = self.configured.get(ak)
+        if v is not None:
+            return v
+        found = self.store(ak) if self.store is not None else None
+        if found is None:
+            raise KeyError(ak)
+        return found[1]
+
+    def __len__(self) -> int:
+        return len(self.configured) + (1 if self.active is not None and self.active() else 0)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.configured)
+
+    def principal(self, ak: str) -> str:
+        """Who an access key stands for: the store's user owning it, else the configured key itself."""
+        if ak in self.configured or self.store is None:
+            return ak
+        found: Any = self.store(ak)
+        return found[0] if found is not None else ak
 
 
 def verify(metadata: Mapping[str, str], credentials: Mapping[str, str]) -> str | None:
