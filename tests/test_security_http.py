@@ -205,3 +205,25 @@ def test_allow_anonymous_serves_a_non_loopback_host(unimq_server) -> None:
     server = unimq_server("--host", "0.0.0.0", "--set", "allow_anonymous=true")
     url = f"http://127.0.0.1:{server.ports['http']}"
     assert httpx.post(f"{url}/v1/topics/open/messages", content=b"x").status_code < 300
+
+
+def test_push_subscriptions_need_consume_on_topic_and_group(unimq_server) -> None:
+    server = unimq_server("--set", "http_push_allowed_hosts=['127.0.0.1']")
+    _bootstrap(server)
+    admin = _admin(server)
+    _user(admin, "reader", "reader-pw", ("topic", "feed", "consume"), ("group", "push-*", "consume"))
+    _user(admin, "writer", "writer-pw", ("topic", "feed", "publish"))
+    spec = {"topic": "feed", "sink": "http://127.0.0.1:9/hook"}
+    url = server.url(path="/v1/subscriptions")
+    assert httpx.post(url, json=spec).status_code == 401
+    r = httpx.post(url, json=spec, auth=("writer", "writer-pw"))
+    assert r.status_code == 403 and r.json()["error"] == "FORBIDDEN"
+    r = httpx.post(url, json={**spec, "group": "other"}, auth=("reader", "reader-pw"))
+    assert r.status_code == 403
+    r = httpx.post(url, json=spec, auth=("reader", "reader-pw"))
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    assert [s["id"] for s in httpx.get(url, auth=("reader", "reader-pw")).json()] == [sid]
+    assert httpx.get(url, auth=("writer", "writer-pw")).json() == []
+    assert httpx.delete(f"{url}/{sid}", auth=("writer", "writer-pw")).status_code == 403
+    assert httpx.delete(f"{url}/{sid}", auth=("reader", "reader-pw")).status_code == 204

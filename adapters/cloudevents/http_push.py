@@ -8,11 +8,13 @@ is ready.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from gateway.auth import Action, Resource
+
 from .http_models import ERRORS, SubscriptionIn
-from .http_request import Deps
+from .http_request import Deps, request_context
 from .http_responses import json_response
 from .push import PushManager
 
@@ -20,32 +22,46 @@ __all__ = ["router"]
 
 
 def router(deps: Deps, push: PushManager) -> APIRouter:
-    """``/v1/subscriptions``: webhooks fed from a topic by ``push``."""
+    """``/v1/subscriptions``: webhooks fed from a topic by ``push``.
+
+    A subscription consumes its topic as its group on the caller's behalf, so the caller
+    needs consume on both to create, see or delete one (the list shows only those)."""
     processor = deps.processor
     router = APIRouter()
 
+    def may_consume(request: Request, topic: str, group: str, *, raise_: bool = True) -> bool:
+        p = processor()
+        ctx = request_context(request, "http")
+        if not raise_:
+            return p.allowed(ctx, Action.SUBSCRIBE, Resource.TOPIC, topic) and \
+                p.allowed(ctx, Action.SUBSCRIBE, Resource.GROUP, group)
+        p.authorize(ctx, Action.SUBSCRIBE, Resource.TOPIC, topic)
+        p.authorize(ctx, Action.SUBSCRIBE, Resource.GROUP, group)
+        return True
 
     # -- push subscriptions -------------------------------------------------------------------
 
     @router.post("/v1/subscriptions", tags=["push"], status_code=201, responses=ERRORS)
-    async def create_subscription(body: SubscriptionIn) -> Response:
+    async def create_subscription(body: SubscriptionIn, request: Request) -> Response:
         """Push a topic's events to a webhook: at-least-once, retries with backoff, then the group's DLQ."""
-        processor()
+        may_consume(request, body.topic, body.group or "push-")
         return json_response(await push.create(body.model_dump()), 201)
 
     @router.get("/v1/subscriptions", tags=["push"])
-    async def list_subscriptions() -> Response:
+    async def list_subscriptions(request: Request) -> Response:
         processor()
-        return json_response(push.list())
+        return json_response([s for s in push.list() if may_consume(request, s["topic"], s["group"], raise_=False)])
 
     @router.get("/v1/subscriptions/{sid}", tags=["push"], responses=ERRORS)
-    async def get_subscription(sid: str) -> Response:
-        processor()
-        return json_response(push.get(sid))
+    async def get_subscription(sid: str, request: Request) -> Response:
+        sub = push.get(sid)
+        may_consume(request, sub["topic"], sub["group"])
+        return json_response(sub)
 
     @router.delete("/v1/subscriptions/{sid}", tags=["push"], status_code=204, response_class=Response, responses=ERRORS)
-    async def delete_subscription(sid: str) -> Response:
-        processor()
+    async def delete_subscription(sid: str, request: Request) -> Response:
+        sub = push.get(sid)
+        may_consume(request, sub["topic"], sub["group"])
         await push.delete(sid)
         return Response(status_code=204)
 
