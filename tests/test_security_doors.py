@@ -93,8 +93,12 @@ def test_mqtt_topic_rights_and_a_revocation_on_an_open_connection(server) -> Non
     # reading is still granted
     root.publish("dev/more", b"again", qos=1)
     assert watcher.get().payload == b"again"
+    # deleting the user ends its open connections (v5: DISCONNECT 0x87)
+    assert server.admin.delete("/v1/admin/users/dev").status_code == 204
+    got = dev.closed_by_server(timeout=15)
+    assert any(isinstance(p, C.Disconnect) and p.reason_code == C.RC_NOT_AUTHORIZED for p in got), got
     dev.close()
-    watcher.disconnect()
+    watcher.c.loop_stop()
     root.disconnect()
 
 

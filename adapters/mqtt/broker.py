@@ -134,10 +134,26 @@ class MQTTBroker:
 
     def _identities_changed(self) -> None:
         """Users or permissions changed: ask again for every session (open connections included)."""
-        self.access.enforced = self.topic_acl is not None or self.identities.has_users
+        ids = self.identities
+        self.access.enforced = self.topic_acl is not None or ids.has_users
         for s in self.sessions.values():
             s.acl_write.clear()
         self.routing.changed()  # dispatch plans decided what each session may read
+        if ids.has_users:  # a deleted user's connections (and anonymous ones, unless allowed) end now
+            creds = self.credentials
+            for conn in list(self.connections):
+                s = conn.session
+                if s is None or s.conn is not conn:
+                    continue
+                name = s.username
+                if name is None:
+                    gone = not self.allow_anonymous
+                else:
+                    gone = name not in ids.snapshot.users and name not in creds.plain and name not in creds.hashed
+                if gone:
+                    conn.close(C.RC_NOT_AUTHORIZED, "not authorized: the user no longer exists" if name is not None
+                               else "not authorized: anonymous clients are no longer allowed", publish_will=False)
+                    self.detach(conn)
 
     async def stop(self) -> None:
         if self.identities is not None and self._identities_changed in self.identities.listeners:
