@@ -18,7 +18,9 @@ Password hashing and checking (scrypt, tens of milliseconds) run in worker
 threads, never on the event loop. A password that verified is remembered by an
 HMAC of it under a key that lives only in this process (never the password),
 so a client sending the same credentials on every request (HTTP Basic) pays
-the KDF once, until the user's hash changes.
+the KDF once, until the user's hash changes. An imported hash (Mosquitto's,
+RabbitMQ's: fast hashes) is replaced by scrypt at the user's first successful
+login, as Django and RabbitMQ do when their hashing changes.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from core_broker.errors import InvalidArgumentError, UnimqError
 
 from ..context import RequestContext
 from .model import AccessKey, ApiKey, Permission, Snapshot, User, new_access_key, new_api_key, split_api_key, validate_name
-from .passwords import hash_password, verify_password
+from .passwords import hash_password, needs_rehash, verify_password
 from .permissions import Rules
 
 if TYPE_CHECKING:
@@ -79,6 +81,7 @@ class IdentityStore:
         self._pepper = os.urandom(32)  # this process's key for remembering verified passwords
         self._verified: dict[tuple[str, bytes], str] = {}  # (user, hmac(password)) -> hash it verified against
         self.listeners: list[Callable[[], None]] = []  # called after every reload
+        self._rehashing: set[str] = set()
 
     # -- lifecycle
 
@@ -154,7 +157,21 @@ class IdentityStore:
         if len(self._verified) >= _VERIFIED_MAX:
             self._verified.clear()
         self._verified[mark] = user.password_hash
+        if needs_rehash(user.password_hash) and name not in self._rehashing:
+            # an imported (or older, cheaper) hash: replace it with scrypt now that the password is known
+            self._rehashing.add(name)
+            t = asyncio.get_running_loop().create_task(self._rehash(user, pw))
+            t.add_done_callback(lambda _t: self._rehashing.discard(name))
         return user
+
+    async def _rehash(self, user: User, pw: bytes) -> None:
+        try:
+            h = await asyncio.to_thread(hash_password, pw)
+            current = self.snapshot.users.get(user.name)
+            if current is not None and current.password_hash == user.password_hash:  # unchanged meanwhile
+                await self._put([(f"user:{user.name}", replace(current, password_hash=h).to_json())])
+        except Exception as e:  # the old hash keeps working; try again at the next login
+            log.warning("could not upgrade the password hash of %r: %s", user.name, e)
 
     def authenticate_key(self, token: str) -> User | None:
         """The user an API key belongs to, else None (SHA-256 and a constant-time compare: no thread)."""
