@@ -214,3 +214,41 @@ def test_grpc_access_keys_of_the_store(server) -> None:
     while asyncio.run(_unauthorized_status(port, right)) != pb.Code.UNAUTHORIZED:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_fuzzed_mqtt_and_amqp_logins_never_get_in(server) -> None:
+    """hypothesis: random user names and passwords (and near misses) never log in; the server keeps serving."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    names = st.one_of(st.just("dev"), st.just("root"), st.text(max_size=40).filter(lambda t: "\x00" not in t))
+    passwords = st.one_of(st.binary(max_size=64), st.sampled_from([b"dev-pw ", b"Dev-pw", b"dev-p", b"root-pw\x00"]))
+    port = server.ports["mqtt"]
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(names, passwords, st.booleans())
+    def mqtt(name: str, password: bytes, v5: bool) -> None:
+        if (name, password) in (("dev", b"dev-pw"), ("root", b"root-pw")):
+            return
+        c = RawClient(port, C.MQTT_5 if v5 else C.MQTT_311)
+        try:
+            ack = c.connect("fuzz", username=name, password=password)
+            assert ack.reason_code in ((0x86,) if v5 else (4,)), (name, password, ack.reason_code)
+        finally:
+            c.close()
+
+    mqtt()
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.text(min_size=1, max_size=30).filter(lambda t: "\x00" not in t),
+           st.text(max_size=30).filter(lambda t: "\x00" not in t))
+    def amqp(name: str, password: str) -> None:
+        if (name, password) in (("dev", "dev-pw"), ("root", "root-pw"), ("guest", "guest")):
+            return
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            _amqp(server, name, password).close()
+
+    amqp()
+    c, rc = _raw(port, "still-there", "dev", "dev-pw")
+    assert rc == 0
+    c.close()

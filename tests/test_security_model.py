@@ -29,6 +29,9 @@ def test_scrypt_hashes_are_salted_and_verify_only_their_password() -> None:
     assert a != b and a.startswith("$scrypt$n=16384,r=8,p=1$")
     assert verify_password(a, "pw") and verify_password(b, b"pw")
     assert not verify_password(a, "pw ") and not verify_password(a, "")
+    assert not verify_password(a, "pw\x00") and not verify_password(a, b"pw\x00\x00")  # HMAC's zero padding
+    with pytest.raises(ValueError):
+        hash_password("pw\x00")
     assert not needs_rehash(a)
     cheap = hash_password("pw", n=1024)
     assert verify_password(cheap, "pw") and needs_rehash(cheap)

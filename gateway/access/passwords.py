@@ -14,7 +14,9 @@ holds hashes of several origins and each stays verifiable:
   4-byte salt followed by SHA-256/512(salt + password).
 
 Comparisons are constant-time (``hmac.compare_digest``); a malformed entry never
-matches. Nothing here logs. Why by hand: each scheme is a split and one or two
+matches. A password holding a NUL never matches and cannot be set: HMAC (inside
+PBKDF2 and scrypt) pads its key with zero bytes, so ``pw`` and ``pw\x00`` would
+be the same key (found by the login fuzz test). Nothing here logs. Why by hand: each scheme is a split and one or two
 hashlib calls; passlib (the library that would read them all) is unmaintained.
 """
 
@@ -45,8 +47,10 @@ def _unb64(s: str) -> bytes:
 
 
 def hash_password(password: str | bytes, *, n: int = SCRYPT_N, r: int = SCRYPT_R, p: int = SCRYPT_P) -> str:
-    """A new ``$scrypt$`` entry for ``password`` with a fresh random salt."""
+    """A new ``$scrypt$`` entry for ``password`` with a fresh random salt (ValueError for a NUL in it)."""
     pw = password.encode("utf-8") if isinstance(password, str) else password
+    if b"\x00" in pw:
+        raise ValueError("a password may not contain NUL characters")
     salt = os.urandom(16)
     digest = hashlib.scrypt(pw, salt=salt, n=n, r=r, p=p, maxmem=_MAXMEM, dklen=32)
     return f"$scrypt$n={n},r={r},p={p}${_b64(salt)}${_b64(digest)}"
@@ -108,6 +112,8 @@ def _parse(entry: str) -> tuple[str, tuple[int, ...], bytes, bytes]:
 def verify_password(entry: str, password: str | bytes) -> bool:
     """Does ``password`` match the stored ``entry``? Constant-time; False for a malformed entry."""
     pw = password.encode("utf-8") if isinstance(password, str) else password
+    if b"\x00" in pw:  # HMAC pads keys with zeros: "pw" and "pw\0" are one PBKDF2/scrypt key
+        return False
     try:
         scheme, params, salt, digest = _parse(entry)
     except (ValueError, KeyError, binascii.Error):

@@ -195,6 +195,13 @@ class IdentityStore:
         await self.processor.kv_put(_CTX, NAMESPACE, "rev", secrets.token_hex(8).encode())
         await self.reload()
 
+    @staticmethod
+    async def _hash(password: str) -> str:
+        try:
+            return await asyncio.to_thread(hash_password, password)
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from None
+
     def user(self, name: str) -> User:
         u = self.snapshot.users.get(name)
         if u is None:
@@ -210,7 +217,7 @@ class IdentityStore:
         if old is not None and not replace:
             raise UserExistsError(f"user {name!r} exists")
         if password_hash is None:
-            password_hash = await asyncio.to_thread(hash_password, password) if password else ""
+            password_hash = await self._hash(password) if password else ""
         user = User(name, password_hash, roles, old.api_keys if old else (), old.created_ms if old else _now_ms(),
                     old.access_keys if old else ())
         await self._put([(f"user:{name}", user.to_json())])
@@ -220,7 +227,7 @@ class IdentityStore:
         user = self.user(name)
         if not password:
             raise InvalidArgumentError("the password is empty")
-        h = await asyncio.to_thread(hash_password, password)
+        h = await self._hash(password)
         await self._put([(f"user:{name}", replace(user, password_hash=h).to_json())])
 
     async def set_roles(self, name: str, roles: Iterable[str]) -> None:
