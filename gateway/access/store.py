@@ -147,7 +147,7 @@ class IdentityStore:
         pw = password.encode("utf-8", "surrogatepass") if isinstance(password, str) else password
         if user is None or not user.password_hash:
             # as slow as a real check, so timing does not tell which user names exist
-            await asyncio.to_thread(verify_password, _dummy_hash(), pw)
+            await asyncio.to_thread(_verify_dummy, pw)
             return None
         mark = (name, hmac.new(self._pepper, pw, hashlib.sha256).digest())
         if self._verified.get(mark) == user.password_hash:
@@ -301,8 +301,9 @@ class IdentityStore:
 _dummy: list[str] = []
 
 
-def _dummy_hash() -> str:
-    """A hash of nothing anyone knows, checked against for unknown user names (made on first use)."""
+def _verify_dummy(pw: bytes) -> bool:
+    """Check ``pw`` against a hash of nothing anyone knows (made on first use, in the worker thread):
+    an unknown user name costs what a known one does."""
     if not _dummy:
-        _dummy.append(hash_password(secrets.token_bytes(16)))
-    return _dummy[0]
+        _dummy.append(hash_password(secrets.token_hex(16)))
+    return verify_password(_dummy[0], pw)
