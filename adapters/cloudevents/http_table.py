@@ -16,7 +16,7 @@ from fastapi.responses import Response
 
 from .http_errors import ApiError
 from .http_models import ERRORS
-from .http_request import ADMIN_CTX, Deps, request_context
+from .http_request import Deps, request_context
 from .http_responses import json_response, message_json
 
 __all__ = ["router"]
@@ -57,7 +57,7 @@ def router(deps: Deps) -> APIRouter:
         may come twice (its older value, then its newer one, in that order)."""
         p = processor()
         ctx = request_context(request, "http")
-        stats = await p.describe_topic(ADMIN_CTX, topic)
+        stats = await p.describe_topic(ctx, topic)
         if stats.config.message_type.value != "COMPACTED":
             raise ApiError(400, "BAD_REQUEST", f"topic {topic!r} is {stats.config.message_type.value}, not COMPACTED")
         queues = sorted(q.queue_id for q in stats.queues)
