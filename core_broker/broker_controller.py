@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -670,6 +671,15 @@ class BrokerController:
         self.store.offsets.commit(group, topic, queue_id, offset)
         await self.store.wait_durable(r)
 
+    async def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int:
+        """Move a consumer group (pop or pull) on one queue to ``offset`` (clamped to the queue's
+        bounds); in-flight messages are dropped, so what follows is delivered again. Journaled."""
+        offset = min(max(offset, self.store.min_offset(topic, queue_id)), self.store.max_offset(topic, queue_id))
+        r = self.journal.append("rst", {"g": group, "t": topic, "q": queue_id, "o": offset})
+        self.pops.reset(group, topic, queue_id, offset)
+        await self.store.wait_durable(r)
+        return offset
+
     def get_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         return self.store.offsets.get(group, topic, queue_id)
 
@@ -742,6 +752,20 @@ class BrokerController:
                 lag[(g, t)] = lag.get((g, t), 0) + n
         return [(g, t, n) for (g, t), n in sorted(lag.items())]
 
+    def group_queues(self) -> list[tuple[str, str, int, str, int, int, int]]:
+        """(group, topic, queue, broker, consumer offset, max offset, in flight) for every queue a
+        pop group holds a cursor on (retry topics included) and every pull group's committed queue."""
+        rows, seen = [], set()
+        for (g, t, q), c in list(self.pops.cursors.items()):
+            seen.add((g, t, q))
+            if not is_system_topic(t) or t.startswith((RETRY_PREFIX, DLQ_PREFIX)):
+                rows.append((g, t, q, self.name, c.floor(), self.store.max_offset(t, q), len(c.inflight)))
+        for g in self.store.offsets.groups():
+            for (t, q), off in self.store.offsets.of_group(g).items():
+                if (g, t, q) not in seen and (not is_system_topic(t) or t.startswith(DLQ_PREFIX)):
+                    rows.append((g, t, q, self.name, off, self.store.max_offset(t, q), 0))
+        return sorted(rows)
+
     def store_stats(self) -> dict:
         """Bytes held by the commitlog, the flush thread's fdatasync timings, the tier's backlog."""
         cl = self.store.commitlog
@@ -752,6 +776,11 @@ class BrokerController:
             "flush_counts": list(getattr(flush, "sync_counts", ())),
             "flush_seconds_sum": float(getattr(flush, "sync_seconds", 0.0)),
         }
+        try:  # disk headroom of the store's file system
+            du = shutil.disk_usage(self.store.config.data_dir)
+            stats.update(disk_total_bytes=du.total, disk_free_bytes=du.free)
+        except OSError:
+            pass
         if self.tier is not None:  # the upload backlog: what a slow or absent object store leaves waiting
             segments, nbytes = self.tier.backlog()
             stats.update(tier_backlog_segments=segments, tier_backlog_bytes=nbytes,

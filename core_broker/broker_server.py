@@ -37,7 +37,8 @@ REMOTE_METHODS = [
     "describe_topic", "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
     "commit_offset", "get_offset", "query_offset", "query_by_id", "query_by_key", "kv_put", "kv_get",
     "kv_items", "kv_get_versioned", "kv_items_versioned", "poll_transaction_checks", "transaction_check_outcome",
-    "consumer_lag", "store_stats", "repl_hello", "repl_fetch", "repl_state", "read_table", "compact_topic",
+    "consumer_lag", "store_stats", "group_queues", "reset_offset", "repl_hello", "repl_fetch", "repl_state",
+    "read_table", "compact_topic",
 ]
 # What a replica (or a group member with no role yet) answers; everything else is its master's.
 REPLICA_METHODS = frozenset({"ping", "repl_hello", "repl_fetch", "repl_state"})
@@ -322,6 +323,12 @@ class BrokerServer:
 
     def store_stats(self) -> dict:
         return self.controller.store_stats()
+
+    def group_queues(self) -> list[tuple[str, str, int, str, int, int, int]]:
+        return self.controller.group_queues()
+
+    async def reset_offset(self, group, topic, queue_id, offset):
+        return await self.controller.reset_offset(group, topic, queue_id, offset)
 
     # ------------------------------------------------------------------ transaction checks
 

@@ -447,6 +447,8 @@ class PopService:
                 c.inflight[off] = Inflight(d["v"], attempt, version, mgroup)
             for off, g in d.get("w", ()):
                 c.waiting[off] = g
+        elif op == "rst":  # an admin's offset reset: the group starts again from offset o
+            self.reset(d["g"], d["t"], d["q"], d["o"])
         elif op in ("ack", "rev"):
             c = self.cursors.get((d["g"], d["t"], d["q"]))
             if c is not None:
@@ -493,6 +495,12 @@ class PopService:
         for (g, t, q), c in self.cursors.items():
             if not is_system_topic(t) or t.startswith("%RETRY%") or t.startswith("%DLQ%"):
                 self.store.offsets.commit(g, t, q, c.floor())
+
+    def reset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Forget the group's cursor on this queue (its in-flight messages too: their receipt
+        handles stop working) and commit ``offset``; the next pop starts there."""
+        self.cursors.pop((group, topic, queue_id), None)
+        self.store.offsets.commit(group, topic, queue_id, offset)
 
     def drop_group_topic(self, topic: str) -> None:
         for key in [k for k in self.cursors if k[1] == topic]:

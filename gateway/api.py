@@ -36,12 +36,12 @@ from core_broker.topic_config import TopicConfig
 from core_broker.transaction_service import TransactionChecker
 
 from .auth import Action, Authorizer, Resource
-from .broker_client import TopicRoute
+from .broker_client import BrokerInfo, ClusterView, TopicRoute
 from .context import RequestContext
 from .metrics import Metrics
 
 __all__ = [
-    "ACCEPTED_MESSAGE_TYPES", "ArrowPage", "ArrowUnavailableError", "CALLS", "MessageTypeMismatchError",
+    "ACCEPTED_MESSAGE_TYPES", "ArrowPage", "BrokerInfo", "ClusterView", "GroupQueueStats", "ArrowUnavailableError", "CALLS", "MessageTypeMismatchError",
     "MessagingAPI", "NoWritableQueueError", "ProcessorCalls", "ProcessorConfig", "Router", "SendResult",
     "protocol_methods",
 ]
@@ -86,6 +86,22 @@ class ArrowPage(NamedTuple):
     next_offset: int
     min_offset: int
     max_offset: int
+
+
+class GroupQueueStats(NamedTuple):
+    """One queue a consumer group reads, as the broker holding it counts (the admin API's groups)."""
+
+    group: str
+    topic: str  # the topic, or the group's %RETRY%/%DLQ% topic
+    queue_id: int
+    broker: str
+    consumer_offset: int  # lowest offset not yet done (pop groups) or the committed offset (pull groups)
+    max_offset: int
+    inflight: int  # popped, neither acked nor back yet
+
+    @property
+    def lag(self) -> int:
+        return max(self.max_offset - self.consumer_offset, 0)
 
 
 class Router(Protocol):
@@ -240,6 +256,23 @@ class ProcessorCalls(Protocol):
     async def consumer_lag(self, ctx: RequestContext) -> list[tuple[str, str, int]]: ...
 
     async def store_stats(self, ctx: RequestContext) -> dict: ...
+
+    async def consumer_groups(self, ctx: RequestContext) -> list[GroupQueueStats]:
+        """Every consumer group's queues with offsets and in-flight counts (admin)."""
+        ...
+
+    async def reset_offset(
+        self, ctx: RequestContext, group: str, topic: str, queue_id: int | None = None, *,
+        offset: int | None = None, timestamp_ms: int | None = None,
+    ) -> list[tuple[int, int]]:
+        """Move ``group`` on ``topic`` (one queue, or all) to ``offset`` or to the first message
+        stored at or after ``timestamp_ms``; what follows is delivered again. Returns
+        ``(queue_id, new offset)`` per queue (admin)."""
+        ...
+
+    async def cluster(self, ctx: RequestContext) -> ClusterView:
+        """The nameservers and brokers this processor reaches (admin)."""
+        ...
 
 
 class MessagingAPI(ProcessorCalls, Protocol):

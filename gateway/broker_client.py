@@ -12,7 +12,7 @@ they run on. Every call that targets data names the broker that owns it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Coroutine, Protocol, Sequence
+from typing import Any, Coroutine, NamedTuple, Protocol, Sequence
 
 from core_broker.broker_controller import BrokerController, TopicStats
 from core_broker.errors import BadRequestError
@@ -58,6 +58,24 @@ class TopicRoute:
         if r is None:
             r = self.__dict__["_readable"] = sorted({q.broker for q in self.queues if q.perm & PERM_READ})
         return r
+
+
+class BrokerInfo(NamedTuple):
+    """One broker (or replicated group, by its name) as the gateway sees it."""
+
+    name: str
+    address: str  # "" for the broker in this process
+    writable: bool
+    replicated: bool
+    live: bool  # answering (not isolated after failed calls)
+    topics: int
+
+
+class ClusterView(NamedTuple):
+    """The nameservers a gateway asks and the brokers they list."""
+
+    nameservers: list[str]
+    brokers: list[BrokerInfo]
 
 
 class BrokerClient(Protocol):
@@ -140,6 +158,15 @@ class BrokerClient(Protocol):
     # -- observability
     async def consumer_lag(self) -> list[tuple[str, str, int]]: ...
     async def store_stats(self) -> dict: ...
+    async def group_queues(self) -> list[tuple[str, str, int, str, int, int, int]]:
+        """(group, topic, queue, broker, consumer offset, max offset, in flight) over every broker."""
+        ...
+    async def reset_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> int:
+        """Move the group to ``offset`` (clamped to the queue's bounds); returns where it went."""
+        ...
+    async def cluster(self) -> ClusterView:
+        """The nameservers and brokers (none and this process's broker in the merged shape)."""
+        ...
 
 
 class LocalBrokerClient:
@@ -295,3 +322,13 @@ class LocalBrokerClient:
 
     async def store_stats(self) -> dict:
         return self.broker.store_stats()
+
+    async def group_queues(self) -> list[tuple[str, str, int, str, int, int, int]]:
+        return self.broker.group_queues()
+
+    async def reset_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> int:
+        return await self._check(broker).reset_offset(group, topic, queue_id, offset)
+
+    async def cluster(self) -> ClusterView:
+        n = len(self.broker.list_topics(False))
+        return ClusterView([], [BrokerInfo(self.name, "", True, False, True, n)])

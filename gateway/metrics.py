@@ -18,6 +18,14 @@ class Metrics:
     def inc_topic(self, name: str, protocol: str, topic: str, n: int = 1) -> None:
         self.topic_counters[(name, protocol, topic)] += n
 
+    def count_out(self, protocol: str, topic: str, n: int, nbytes: int) -> None:
+        """``n`` messages of ``nbytes`` body bytes delivered from ``topic`` through ``protocol``'s door."""
+        c, tc = self.counters, self.topic_counters
+        c[("messages_out", protocol)] += n
+        c[("bytes_out", protocol)] += nbytes
+        tc[("messages_out", protocol, topic)] += n
+        tc[("bytes_out", protocol, topic)] += nbytes
+
     def inc(self, name: str, protocol: str, n: int = 1) -> None:
         self.counters[(name, protocol)] += n
 

@@ -45,6 +45,7 @@ from .broker_client import BrokerClient, RawPage, TopicRoute
 from .context import RequestContext
 from .metrics import Metrics
 from .namespace import namespaced_calls
+from .processor_admin import AdminCalls
 from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, PLAIN_KEYS_MAX as _PLAIN_KEYS_MAX, TopicPlan, message_type_of, select_queue
 
 __all__ = [
@@ -59,7 +60,7 @@ _PUB, _SUB, _TOPIC, _GROUP = Action.PUBLISH, Action.SUBSCRIBE, Resource.TOPIC, R
 
 
 @namespaced_calls
-class MessagingProcessor:
+class MessagingProcessor(AdminCalls):
     """The processor API (gateway/api.py :class:`MessagingAPI`) over a broker client.
 
     Namespaces are applied to every call of the API by the class decorator
@@ -206,6 +207,7 @@ class MessagingProcessor:
         brokers: list[str] = []  # per message: the broker its queue is on
         one_broker: str | None = None
         mixed = False
+        nbytes = 0
         for m in messages:
             topic = m.topic
             if topic is not last_topic:
@@ -220,11 +222,10 @@ class MessagingProcessor:
                     st = states[topic] = [plan, plan.rr, 0, max(1, -(-n // max(plan.nw, 1)))]
                 plan = st[0]
                 last_topic = topic
-            body = m.body
-            if len(body) > max_size:
-                raise MessageTooLargeError(
-                    f"message body of {len(body)} bytes exceeds the limit of {max_size}"
-                )
+            size = len(m.body)
+            nbytes += size
+            if size > max_size:
+                raise MessageTooLargeError(f"message body of {size} bytes exceeds the limit of {max_size}")
             # the message's type as a plain string (a str hash is cached; an enum's is not)
             if transactional:
                 mtype = "TRANSACTION"
@@ -295,14 +296,14 @@ class MessagingProcessor:
             results = await self._send_grouped(by_broker, plans, transactional, producer_group, n, failed)
         metrics = self.metrics
         metrics.inc("messages_in", protocol, n)
+        metrics.inc("bytes_in", protocol, nbytes)
         if len(plans) == 1:
             metrics.inc_topic("messages_in", protocol, last_topic, n)  # type: ignore[arg-type]
+            metrics.inc_topic("bytes_in", protocol, last_topic, nbytes)  # type: ignore[arg-type]
         else:
-            counts: dict[str, int] = {}
             for m in messages:
-                counts[m.topic] = counts.get(m.topic, 0) + 1
-            for topic, k in counts.items():
-                metrics.inc_topic("messages_in", protocol, topic, k)
+                metrics.inc_topic("messages_in", protocol, m.topic)
+                metrics.inc_topic("bytes_in", protocol, m.topic, len(m.body))
         for router in routers:
             try:
                 router.after_send(messages, results)
@@ -504,9 +505,8 @@ class MessagingProcessor:
                     live.remove(b)
                     if not live:
                         break
-        self.metrics.inc("messages_out", ctx.protocol, len(out))
         if out:
-            self.metrics.inc_topic("messages_out", ctx.protocol, topic, len(out))
+            self.metrics.count_out(ctx.protocol, topic, len(out), sum(len(pm.message.body) for pm in out))
         return out
 
     async def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
@@ -596,9 +596,8 @@ class MessagingProcessor:
         self._check(ctx, _SUB, _TOPIC, topic)
         b = await self._queue_broker(ctx, topic, queue_id, broker)
         r = await self.broker.pull(b, topic, queue_id, offset, max_count, filter_expression, wait_ms)
-        self.metrics.inc("messages_out", ctx.protocol, len(r.messages))
         if r.messages:
-            self.metrics.inc_topic("messages_out", ctx.protocol, topic, len(r.messages))
+            self.metrics.count_out(ctx.protocol, topic, len(r.messages), sum(len(m.body) for m in r.messages))
         return r
 
     async def read_table(

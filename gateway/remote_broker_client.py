@@ -38,7 +38,7 @@ from core_broker.topic_config import PERM_WRITE, TopicConfig, validate_topic_nam
 from core_broker.transaction_service import TransactionCheckLostError, TransactionChecker
 from nameserver.client import NameserverClient
 
-from .broker_client import QueueRoute, RawPage, TopicRoute
+from .broker_client import BrokerInfo, ClusterView, QueueRoute, RawPage, TopicRoute
 
 log = logging.getLogger("unimq.remote")
 
@@ -567,13 +567,28 @@ class RemoteBrokerClient:
                 lag[(g, t)] = lag.get((g, t), 0) + n
         return [(g, t, n) for (g, t), n in sorted(lag.items())]
 
+    async def group_queues(self) -> list[tuple[str, str, int, str, int, int, int]]:
+        """Every broker's consumer queues, together."""
+        return sorted(tuple(r) for rows in await self._every_broker("group_queues") for r in rows)  # type: ignore[misc]
+
+    async def reset_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> int:
+        return await self._call(broker, "reset_offset", group, topic, queue_id, offset)
+
+    async def cluster(self) -> ClusterView:
+        brokers = [
+            BrokerInfo(b["name"], b["address"], bool(b["perm"] & PERM_WRITE), bool(b.get("replicated")),
+                       self._live(b["name"]), len(b.get("topics", ())))
+            for b in await self._brokers(refresh=True)
+        ]
+        return ClusterView([f"{c.host}:{c.port}" for c in self.ns.clients], brokers)
+
     async def store_stats(self) -> dict:
         """The brokers' commitlog bytes, fdatasync timings and tier figures, summed."""
         out: dict[str, Any] = {"commitlog_bytes": 0, "flush_buckets": (), "flush_counts": [], "flush_seconds_sum": 0.0}
         for s in await self._every_broker("store_stats"):
             out["commitlog_bytes"] += s.get("commitlog_bytes", 0)
-            for k, v in s.items():  # present only on brokers with the tier on
-                if k.startswith("tier_"):
+            for k, v in s.items():  # present only on brokers with the tier on (disk: where it could be read)
+                if k.startswith(("tier_", "disk_")):
                     out[k] = out.get(k, 0) + v
             out["flush_seconds_sum"] += s.get("flush_seconds_sum", 0.0)
             counts = list(s.get("flush_counts", ()))
