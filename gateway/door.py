@@ -14,7 +14,7 @@ depend on this module, and this module depends on nothing above ``gateway/``.
   once, in its own package, as a dataclass deriving from this one
   (``adapters/mqtt/settings.py`` ...); the application's settings compose them.
 - :class:`ServerState`: what the doors of one process share (settings, processor,
-  lifecycle phase for ``/healthz``).
+  lifecycle phase for ``/healthz``, the doors' client tables for the admin API).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from core_broker.config import BrokerConfig, StoreConfig
 
+from .clients import ClientRegistry
 from .tls import ServerTls, TlsFiles, check_verify_client
 
 if TYPE_CHECKING:  # type hints only: the processor API pulls in the core's modules
@@ -173,6 +174,8 @@ class ServerState(Generic[S]):
     # Users and permissions (gateway.access.store.IdentityStore), once the process loaded them:
     # doors check logins against it; the processor's authorizer answers from it.
     identities: Any = None
+    # Each door's client table, for the admin API (filled by the application: unimq/doors.py).
+    clients: ClientRegistry = field(default_factory=ClientRegistry)
 
     @property
     def ready(self) -> bool:

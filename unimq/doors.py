@@ -3,7 +3,8 @@
 The only module that knows every door. A door is built from the process's
 shared :class:`~gateway.door.ServerState` (settings and processor); adding one
 means writing a class that satisfies :class:`~gateway.door.Door` and listing it
-in :func:`build_doors`.
+in :func:`build_doors`, with its client table (:class:`~gateway.clients.ClientSource`)
+registered in ``state.clients`` for the admin API.
 """
 
 from __future__ import annotations
@@ -44,14 +45,19 @@ def build_doors(state: ServerState[UnimqSettings]) -> list[Listener]:
         doors.append(Listener(HttpDoor(state), settings.http_port, "HTTP door"))
     if "grpc" in enabled:
         from gateway.grpc import GrpcDoor  # late: grpcio and the v2 stubs are heavy imports
+        from gateway.grpc.clients import GrpcClients
 
-        doors.append(Listener(GrpcDoor(state), settings.grpc_port, "gRPC door"))
+        grpc_door = GrpcDoor(state)
+        state.clients.register(GrpcClients(grpc_door))
+        doors.append(Listener(grpc_door, settings.grpc_port, "gRPC door"))
     if "mqtt" in enabled:
         doors += _mqtt_doors(state)
     if "amqp" in enabled:
+        from adapters.amqp.clients import AmqpClients
         from adapters.amqp.server import AmqpDoor, AmqpTlsDoor
 
         amqp = AmqpDoor(state)
+        state.clients.register(AmqpClients(amqp))  # its TLS door shares its broker: one table
         doors.append(Listener(amqp, settings.amqp_port, "AMQP door"))
         amqps_port = settings.amqps_listener_port()
         if amqps_port is not None:
@@ -62,10 +68,12 @@ def build_doors(state: ServerState[UnimqSettings]) -> list[Listener]:
 def _mqtt_doors(state: ServerState[UnimqSettings]) -> list[Listener]:
     """MQTT over TCP; over WebSocket unless turned off; over TLS and secure WebSocket with a
     certificate - one broker."""
+    from adapters.mqtt.clients import MqttClients
     from adapters.mqtt.server import MQTTDoor, MQTTTlsDoor, MQTTWebSocketDoor
 
     settings = state.settings
     tcp = MQTTDoor(state)
+    state.clients.register(MqttClients(tcp.broker))
     doors = [Listener(tcp, settings.mqtt_port, "MQTT door")]
     ws_port = settings.ws_listener_port()
     if ws_port is not None:
