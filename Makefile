@@ -25,9 +25,10 @@ SPARK_ARGS   ?= --endpoint http://127.0.0.1:8080 --topics factory,events,orders 
 DATA_DIR     ?= ./unimq-data
 UNIMQ_ARGS   ?=
 PYTEST_ARGS  ?=
-# Debian packages the test suite needs (real protocol peers such as mosquitto).
+# Debian packages the test suite needs (real protocol peers such as mosquitto; chromium and
+# its WebDriver for the console's browser tests, tests/test_console_browser.py).
 # Installed with apt-get when running as root and missing; skipped when empty.
-APT_PACKAGES ?= mosquitto mosquitto-clients curl
+APT_PACKAGES ?= mosquitto mosquitto-clients curl chromium chromium-driver
 # Spark (spark_ingest, tests/test_spark_*.py) needs a Java 17+ runtime; installed only when
 # no `java` is on PATH (any existing JDK/JRE 17 or 21 is used as is).
 JAVA_PACKAGE ?= openjdk-17-jre-headless

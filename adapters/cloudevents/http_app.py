@@ -12,7 +12,8 @@ admin; ``http_admin``: users and permissions; ``http_ingest``: CloudEvents and
 plain messages in; ``http_pop``: pop,
 ack, invisible time; ``http_read``: reads by offset, Arrow pages, a topic
 merged, events by id; ``http_table``: a compacted topic as a table, compact now;
-``http_push``: push subscriptions), sharing what they
+``http_push``: push subscriptions; ``http_console``: the console's views and actions,
+in the admin API beside users and permissions), sharing what they
 read from a request (``http_request``), what they answer (``http_responses``),
 their documented shapes (``http_models``) and the error contract
 (``http_errors``). :func:`create_app` only composes them, in an order that
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI
 
-from . import http_admin, http_ingest, http_ops, http_pop, http_push, http_read, http_table, http_topics
+from . import http_admin, http_console, http_ingest, http_ops, http_pop, http_push, http_read, http_table, http_topics
 from .http_auth import AuthMiddleware
 from .http_errors import STATUS_OF_CODE, install_error_handlers
 from .http_request import Deps
@@ -45,7 +46,10 @@ def create_app(state: ServerState[Any]) -> FastAPI:
     """Build the FastAPI app for one server; ``state.phase`` drives ``/healthz``."""
     deps = Deps.of(state)
     push = PushManager(state.processor, getattr(state.settings, "http_push_allowed_hosts", []))
-    collector = UnimqCollector(state.processor, push)
+    collector = UnimqCollector(state.processor, push, state.clients,
+                               getattr(state.settings, "http_metrics_max_topics", 100),
+                               getattr(state.settings, "http_admin_controller", ""))
+    state.clients.register(http_console.PushClients(push))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -76,6 +80,7 @@ def create_app(state: ServerState[Any]) -> FastAPI:
     app.state.unimq = state
     app.state.push = push
     http_ops.serve_docs(app)
+    http_ops.serve_console(app)
     install_error_handlers(app)
 
     ingest, events_fast_path = http_ingest.routes(deps)
@@ -97,7 +102,9 @@ def create_app(state: ServerState[Any]) -> FastAPI:
     # Request), which is a noticeable share of a one-event request. The APIRoute stays for the
     # OpenAPI document and /docs.
     app.router.routes.insert(0, events_fast_path)
-    app.mount("/v1/admin", http_admin.admin_app(deps))
+    admin = http_admin.admin_app(deps)
+    admin.include_router(http_console.router(deps))  # the console's views and actions, beside users and ACLs
+    app.mount("/v1/admin", admin)
     # Basic / Bearer logins, checked against the process's identity store before any route runs.
     app.add_middleware(AuthMiddleware, state=state)
     return app

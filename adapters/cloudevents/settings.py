@@ -33,6 +33,12 @@ class HttpSettings(DoorSettings):
     # (and query by key) finds it. Off by default: it costs a third or more of the server
     # CPU of batched ingest (see README, HTTP section).
     http_index_event_ids: bool = False
+    # The controller of replicated broker groups (host:port[,host:port]) that the admin API's
+    # cluster page asks for each group's master and in-sync set; empty: not asked.
+    http_admin_controller: str = ""
+    # /metrics names at most this many topics (the busiest) in per-topic series; the rest are
+    # summed as topic="other" (bounded label cardinality).
+    http_metrics_max_topics: int = 100
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -44,6 +50,11 @@ class HttpSettings(DoorSettings):
             or self.http_max_body_bytes < 1024
         ):
             raise ValueError(f"http_max_body_bytes must be an integer >= 1024, got {self.http_max_body_bytes!r}")
+        if isinstance(self.http_metrics_max_topics, bool) or not isinstance(self.http_metrics_max_topics, int) \
+                or self.http_metrics_max_topics < 1:
+            raise ValueError(f"http_metrics_max_topics must be an integer >= 1, got {self.http_metrics_max_topics!r}")
+        if not isinstance(self.http_admin_controller, str):
+            raise ValueError(f"http_admin_controller must be a string host:port[,host:port], got {self.http_admin_controller!r}")
         if not isinstance(self.http_push_allowed_hosts, list) or not all(
             isinstance(h, str) and h for h in self.http_push_allowed_hosts
         ):

@@ -1,0 +1,272 @@
+"""The JSON admin API (``/v1/admin/...``): what the console (``/ui``) and ``unimq admin`` read.
+
+Why its own router, mounted as its own small app (:func:`app`, with its OpenAPI document at
+``/v1/admin/openapi.json`` and docs at ``/v1/admin/docs``): it is one concern (operating the
+server, not messaging), to be guarded by the admin permission as a whole, and the messaging
+API's document stays what messaging clients read.
+Every answer comes from the processor's typed calls (``gateway/api.py``) and the doors' client
+tables (``gateway/clients.py``); shapes are built in ``admin_views.py``. Lists take
+``q`` (a substring of the name), ``offset`` and ``limit`` and answer ``{"total", "items"}``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Body, FastAPI, Path, Query
+from fastapi.responses import Response
+
+from core_broker.errors import UnimqError
+from core_broker.system_topics import is_system_topic
+from gateway.api import BrokerInfo, ClusterView
+from gateway.clients import ClientInfo
+
+from . import admin_views as views
+from .http_errors import ApiError, install_error_handlers
+from .http_models import ERRORS
+from .http_request import ADMIN_CTX, Deps, check_group
+from .http_responses import json_response
+from .push import PushManager
+
+__all__ = ["PREFIX", "PushClients", "app", "router"]
+
+PREFIX = "/v1/admin"
+
+
+def app(deps: Deps) -> FastAPI:
+    """The admin API as an app to mount at :data:`PREFIX` (same error shape as the door's)."""
+    from .http_ops import serve_docs
+
+    sub = FastAPI(title="unimq admin", version="1", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+                  description="The JSON admin API behind the console (`/ui`) and `unimq admin`. Lists take `q`, "
+                              "`offset`, `limit` and answer `{\"total\", \"items\"}`. Errors are "
+                              "`{\"error\": CODE, \"message\": text}`.")
+    install_error_handlers(sub)
+    sub.include_router(router(deps))
+    serve_docs(sub, openapi_url=PREFIX + "/openapi.json", mount_assets=False)
+    return sub
+_LIMIT = Query(50, ge=1, le=1000, description="items per page")
+_OFFSET = Query(0, ge=0, description="items to skip")
+_FILTER = Query("", description="only names containing this")
+
+
+class PushClients:
+    """Push subscriptions as the HTTP door's clients (:class:`gateway.clients.ClientSource`)."""
+
+    door = "http"
+
+    def __init__(self, push: PushManager) -> None:
+        self.push = push
+
+    def ids(self) -> list[str]:
+        return list(self.push.subs)
+
+    def describe(self, client_id: str) -> ClientInfo | None:
+        sub = self.push.subs.get(client_id)
+        if sub is None:
+            return None
+        runner = self.push.runners.get(client_id)
+        stats = {o: n for (sid, o), n in list(self.push.stats.items()) if sid == client_id}
+        return ClientInfo("http", client_id, runner is not None, sub["sink"], "",
+                          {"kind": "push subscription", "topic": sub["topic"], "group": sub["group"],
+                           "sink": sub["sink"], "inflight": runner.inflight if runner is not None else 0,
+                           "deliveries": stats})
+
+    def connections(self) -> int:
+        return len(self.push.runners)
+
+    async def disconnect(self, client_id: str) -> bool:
+        return False  # a subscription is deleted (DELETE /v1/subscriptions/{id}), not disconnected
+
+
+def router(deps: Deps) -> APIRouter:
+    """Overview, topics, groups (reset, resend), clients (disconnect), messages, cluster."""
+    processor = deps.processor
+    state = deps.state
+    meter = views.RateMeter()
+    controller_addr: str = getattr(state.settings, "http_admin_controller", "")
+    r = APIRouter(tags=["admin"])
+    ctx = ADMIN_CTX
+
+    def retention_hours() -> float:
+        return float(state.settings.store.retention_hours)
+
+    @r.get("/overview", responses=ERRORS)
+    async def overview() -> Response:
+        """Messages in/out (totals and per second) and connections per door, store size and disk
+        headroom, brokers, counts of topics and groups."""
+        p = processor()
+        totals = views.door_totals(p.metrics.counters)
+        flat = {f"{d}/{k}": v for d, c in totals.items() for k, v in c.items() if k in ("messages_in", "messages_out")}
+        rates = meter.rates(flat)
+        conns = state.clients.connections()
+        doors: dict[str, dict[str, Any]] = {}
+        for d in sorted(set(totals) | set(conns) | {"mqtt", "amqp", "http", "grpc"}):
+            c = totals.get(d, {})
+            doors[d] = {"messages_in": c.get("messages_in", 0), "messages_out": c.get("messages_out", 0),
+                        "bytes_in": c.get("bytes_in", 0), "bytes_out": c.get("bytes_out", 0),
+                        "in_per_s": rates.get(f"{d}/messages_in", 0.0), "out_per_s": rates.get(f"{d}/messages_out", 0.0),
+                        "connections": conns.get(d, 0)}
+        if "cloudevents" in doors:  # CloudEvents come in through the HTTP door
+            ce = doors.pop("cloudevents")
+            for k in ("messages_in", "messages_out", "bytes_in", "bytes_out", "in_per_s", "out_per_s"):
+                doors["http"][k] = round(doors["http"][k] + ce[k], 2)
+        stats = await p.store_stats(ctx)
+        cluster = await p.cluster(ctx)
+        groups = views.group_rows(await p.consumer_groups(ctx))
+        return json_response({
+            "time_ms": int(time.time() * 1000), "phase": state.phase,
+            "doors": doors,
+            "store": {k: stats.get(k) for k in ("commitlog_bytes", "disk_total_bytes", "disk_free_bytes")},
+            "brokers": [BrokerInfo(*b)._asdict() for b in ClusterView(*cluster).brokers],
+            "topics": len(await p.list_topics(ctx, False)),
+            "groups": len(groups), "lag": sum(g["lag"] for g in groups.values()),
+            "listening": {k: f"{h}:{port}" for k, (h, port) in state.listening.items()},
+        })
+
+    @r.get("/topics", responses=ERRORS)
+    async def topics(q: str = _FILTER, offset: int = _OFFSET, limit: int = _LIMIT,
+                     include_system: bool = Query(False, description="also %DLQ%, %RETRY% and other system topics")
+                     ) -> Response:
+        """Topics (a page, by name): type, queues with offsets, messages, retention, consumer groups."""
+        p = processor()
+        names = sorted(t.name for t in await p.list_topics(ctx, include_system) if q in t.name)
+        total, names_page = views.page(names, offset, limit)
+        rows = await views.topic_rows(p, ctx, names_page, await p.consumer_groups(ctx), retention_hours())
+        return json_response({"total": total, "items": rows})
+
+    @r.get("/topics/{topic:path}", responses=ERRORS)
+    async def topic(topic: str = Path(description="topic name")) -> Response:
+        """One topic as a row of ``/topics``."""
+        p = processor()
+        rows = await views.topic_rows(p, ctx, [topic], await p.consumer_groups(ctx), retention_hours())
+        if not rows:
+            raise ApiError(404, "TOPIC_NOT_FOUND", f"topic {topic!r} not found")
+        return json_response(rows[0])
+
+    @r.get("/groups", responses=ERRORS)
+    async def groups(q: str = _FILTER, offset: int = _OFFSET, limit: int = _LIMIT,
+                     topic: str = Query("", description="only groups consuming this topic")) -> Response:
+        """Consumer groups (a page): topics, lag, in flight, retry backlog, dead letters."""
+        p = processor()
+        all_groups = views.group_rows(await p.consumer_groups(ctx))
+        picked = [g for name, g in sorted(all_groups.items())
+                  if q in name and (not topic or topic in g["topics"]) and not name.startswith("%")]
+        total, rows = views.page(picked, offset, limit)
+        await views.add_dead_letters(p, ctx, rows)
+        return json_response({"total": total, "items": [{k: v for k, v in g.items() if k != "queues"} for g in rows]})
+
+    @r.get("/groups/{group}", responses=ERRORS)
+    async def group(group: str = Path(description="consumer group")) -> Response:
+        """One group with its queues: consumer offset, max offset, lag, in flight."""
+        p = processor()
+        g = views.group_rows(await p.consumer_groups(ctx)).get(group)
+        if g is None:
+            raise ApiError(404, "GROUP_NOT_FOUND", f"consumer group {group!r} not found")
+        await views.add_dead_letters(p, ctx, [g])
+        return json_response(g)
+
+    @r.post("/groups/{group}/reset", responses=ERRORS)
+    async def reset(group: str = Path(description="consumer group"),
+                    body: dict[str, Any] = Body(examples=[{"topic": "orders", "offset": 0},
+                                                          {"topic": "orders", "timestamp_ms": 1760000000000}])
+                    ) -> Response:
+        """Move a group on a topic (``queue_id`` for one queue, else all) to ``offset`` or to the
+        first message stored at or after ``timestamp_ms``; messages after it are delivered again."""
+        check_group(group)
+        topic = body.get("topic")
+        if not isinstance(topic, str) or not topic:
+            raise ApiError(400, "BAD_REQUEST", "'topic' is required")
+        qid, off, ts = body.get("queue_id"), body.get("offset"), body.get("timestamp_ms")
+        for name, v in (("queue_id", qid), ("offset", off), ("timestamp_ms", ts)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ApiError(400, "BAD_REQUEST", f"'{name}' must be an integer")
+        moved = await processor().reset_offset(ctx, group, topic, qid, offset=off, timestamp_ms=ts)
+        return json_response({"group": group, "topic": topic,
+                              "queues": [{"queue_id": q, "offset": o} for q, o in moved]})
+
+    @r.post("/groups/{group}/resend-dlq", responses=ERRORS)
+    async def resend(group: str = Path(description="consumer group"),
+                     body: dict[str, Any] = Body(default={}, examples=[{"topic": "orders", "max": 100}])) -> Response:
+        """Send the group's dead letters (``%DLQ%<group>``) again to ``topic`` (default: the one
+        topic the group consumes), at most ``max`` (100); each leaves the dead-letter topic."""
+        check_group(group)
+        p = processor()
+        topic = body.get("topic")
+        if topic is None:
+            g = views.group_rows(await p.consumer_groups(ctx)).get(group)
+            mine = g["topics"] if g is not None else []
+            if len(mine) != 1:
+                raise ApiError(400, "BAD_REQUEST", f"group {group!r} consumes {len(mine)} topics: name 'topic'")
+            topic = mine[0]
+        n = body.get("max", 100)
+        if not isinstance(topic, str) or not topic or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ApiError(400, "BAD_REQUEST", "'topic' is a topic name, 'max' a positive integer")
+        if is_system_topic(topic):
+            raise ApiError(400, "BAD_REQUEST", "dead letters go back to an application topic")
+        sent = await views.resend_dead_letters(p, ctx, group, topic, n, f"unimq-admin-resend-{group}")
+        return json_response({"group": group, "topic": topic, "resent": sent})
+
+    @r.get("/clients", responses=ERRORS)
+    async def clients(door: str = Query("", description="mqtt, amqp, grpc or http (push subscriptions)"),
+                      q: str = _FILTER, offset: int = _OFFSET, limit: int = _LIMIT) -> Response:
+        """Clients of every door (a page): MQTT sessions with subscriptions, AMQP connections with
+        channels, gRPC clients, push subscriptions; and open connections per door."""
+        processor()
+        pg = state.clients.page(door, q, offset, limit)
+        return json_response({"total": pg.total, "items": [c.to_json() for c in pg.clients],
+                              "connections": state.clients.connections()})
+
+    @r.post("/clients/{door}/{client_id:path}/disconnect", responses=ERRORS)
+    async def disconnect(door: str = Path(description="mqtt, amqp or grpc"),
+                         client_id: str = Path(description="the client id (AMQP: the peer address)")) -> Response:
+        """Close a client's connection (an MQTT session stays; its will is published)."""
+        processor()
+        source = state.clients.source(door)
+        if source is None:
+            raise ApiError(404, "NOT_FOUND", f"no door {door!r} here")
+        if not await source.disconnect(client_id):
+            raise ApiError(404, "CLIENT_NOT_FOUND", f"no connected {door} client {client_id!r}")
+        return json_response({"door": door, "client_id": client_id, "disconnected": True})
+
+    @r.get("/messages", responses=ERRORS)
+    async def messages(id: str = Query("", description="a message id"),
+                       key: str = Query("", description="a message key (with topic)"),
+                       topic: str = Query("", description="the topic to search by key or time"),
+                       begin_ms: int = Query(0, ge=0), end_ms: int = Query(2**62, ge=0),
+                       max: int = Query(32, ge=1, le=1000)) -> Response:
+        """Find messages by id, by key (in a topic), or by store time (in a topic): body as text,
+        JSON and hex, properties, and the door it came in by (``protocol``)."""
+        p = processor()
+        if id:
+            m = await p.query_message_by_id(ctx, id)
+            found = [m] if m is not None else []
+        elif key and topic:
+            found = await p.query_messages_by_key(ctx, topic, key, begin_ms, end_ms, max)
+        elif topic:
+            found = await views.search_by_time(p, ctx, topic, begin_ms, end_ms, max)
+        else:
+            raise ApiError(400, "BAD_REQUEST", "give 'id', or 'topic' with 'key' or a time range")
+        return json_response({"items": [views.message_view(m) for m in found]})
+
+    @r.get("/cluster", responses=ERRORS)
+    async def cluster() -> Response:
+        """Nameservers, brokers (writable, replicated, live) and, with ``http_admin_controller``
+        set, each replicated group's master and in-sync set from the controller."""
+        p = processor()
+        view = ClusterView(*await p.cluster(ctx))
+        groups: list[dict[str, Any]] = []
+        error = None
+        addr = controller_addr
+        if addr:
+            try:
+                groups = await views.controller_groups(addr)
+            except (OSError, UnimqError) as e:
+                error = f"controller {addr}: {e}"
+        return json_response({"nameservers": list(view.nameservers),
+                              "brokers": [BrokerInfo(*b)._asdict() for b in view.brokers],
+                              "groups": groups, "controller_error": error,
+                              "listening": {k: f"{h}:{port}" for k, (h, port) in state.listening.items()}})
+
+    return r

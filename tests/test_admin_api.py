@@ -1,0 +1,255 @@
+"""The JSON admin API (/v1/admin) against a real `unimq up`, driven by real clients (paho, pika, HTTP).
+
+Every action the console offers is exercised here: overview counters, topics and groups with
+paging and filters, offset resets (to an offset and to a time), resending dead letters, clients
+of every door and disconnecting them, message search by id, key and time, the cluster view,
+the new /metrics families, and the console's static files.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import httpx
+import paho.mqtt.client as mqtt
+import pika
+import pytest
+
+from adapters.cloudevents.admin_views import RateMeter, page
+from gateway.clients import ClientInfo, ClientRegistry
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = check()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def mqtt_client(port: int, client_id: str, clean: bool = True) -> mqtt.Client:
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    return c
+
+
+def test_overview_topics_groups_reset_and_search(unimq_server: Any) -> None:
+    srv = unimq_server()
+    base = srv.url()
+    with httpx.Client(base_url=base, timeout=20) as h:
+        before = h.get("/v1/admin/overview").json()
+        assert set(before["doors"]) >= {"mqtt", "amqp", "http", "grpc"}
+        assert before["store"]["disk_total_bytes"] > 0 and before["brokers"][0]["live"] is True
+
+        # traffic through three doors
+        pub = mqtt_client(srv.ports["mqtt"], "admin-test-pub")
+        pub.publish("sensors/t1", b'{"celsius": 21.5}', qos=1).wait_for_publish(10)
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", srv.ports["amqp"]))
+        conn.channel().basic_publish("amq.topic", "sensors.t2", b"from amqp")
+        for i in range(5):
+            r = h.post("/v1/topics/orders/messages", params={"keys": f"o-{i}"}, content=f"order {i}".encode())
+            assert r.status_code == 200
+        after = wait_for(lambda: (o := h.get("/v1/admin/overview").json())["doors"]["amqp"]["messages_in"] >= 1 and o,
+                         what="the AMQP publish to be counted")
+        assert after["doors"]["mqtt"]["messages_in"] >= before["doors"]["mqtt"]["messages_in"] + 1
+        assert after["doors"]["http"]["messages_in"] >= before["doors"]["http"]["messages_in"] + 5
+        assert after["doors"]["http"]["bytes_in"] >= 5 * len(b"order 0")
+        assert after["doors"]["mqtt"]["connections"] == 1 and after["doors"]["amqp"]["connections"] == 1
+        conn.close()
+        pub.loop_stop()
+        pub.disconnect()
+
+        # topics: filter and paging, the page described
+        for i in range(12):
+            assert h.post("/v1/topics", json={"name": f"bulk-{i:02d}", "queues": 1}).status_code == 201
+        r = h.get("/v1/admin/topics", params={"q": "bulk-", "offset": 5, "limit": 4}).json()
+        assert r["total"] == 12 and [t["name"] for t in r["items"]] == [f"bulk-{i:02d}" for i in range(5, 9)]
+        orders = h.get("/v1/admin/topics/orders").json()
+        assert orders["messages"] == 5 and orders["type"] == "NORMAL" and orders["retention_hours"] > 0
+        assert h.get("/v1/admin/topics/nope").status_code == 404
+
+        # a pop group: consume everything, then its lag is 0 and it shows as the topic's consumer
+        got = h.post("/v1/topics/orders/groups/billing/pop", params={"max": 32}).json()["messages"]
+        assert len(got) == 5
+        assert h.post("/v1/topics/orders/groups/billing/ack",
+                      json={"receipt_handles": [m["receipt_handle"] for m in got]}).json()["acked"] == 5
+        g = h.get("/v1/admin/groups/billing").json()
+        assert g["topics"] == ["orders"] and g["lag"] == 0 and g["inflight"] == 0
+        assert sum(q["max_offset"] for q in g["queues"] if q["topic"] == "orders") == 5
+        assert "billing" in h.get("/v1/admin/topics/orders").json()["consumers"]
+        groups = h.get("/v1/admin/groups", params={"topic": "orders"}).json()
+        assert [x["group"] for x in groups["items"]] == ["billing"]
+        assert h.get("/v1/admin/groups/nobody").status_code == 404
+
+        # reset to offset 0: the five come again
+        r = h.post("/v1/admin/groups/billing/reset", json={"topic": "orders", "offset": 0})
+        assert r.status_code == 200 and all(q["offset"] == 0 for q in r.json()["queues"])
+        assert h.get("/v1/admin/groups/billing").json()["lag"] == 5
+        again = h.post("/v1/topics/orders/groups/billing/pop", params={"max": 32}).json()["messages"]
+        assert sorted(m["message_id"] for m in again) == sorted(m["message_id"] for m in got)
+        h.post("/v1/topics/orders/groups/billing/ack", json={"receipt_handles": [m["receipt_handle"] for m in again]})
+
+        # reset to a time: only what was stored from then on comes again
+        time.sleep(0.05)
+        cut = int(time.time() * 1000)
+        time.sleep(0.05)
+        late = h.post("/v1/topics/orders/messages", params={"keys": "late"}, content=b"late").json()
+        h.post("/v1/topics/orders/groups/billing/pop", params={"max": 32}).json()  # consumed, not acked: dropped by reset
+        r = h.post("/v1/admin/groups/billing/reset", json={"topic": "orders", "timestamp_ms": cut})
+        assert r.status_code == 200
+        third = h.post("/v1/topics/orders/groups/billing/pop", params={"max": 32}).json()["messages"]
+        assert [m["message_id"] for m in third] == [late["message_id"]]
+
+        # bad resets are 400s
+        assert h.post("/v1/admin/groups/billing/reset", json={"topic": "orders"}).status_code == 400
+        assert h.post("/v1/admin/groups/billing/reset", json={"offset": 1}).status_code == 400
+        assert h.post("/v1/admin/groups/billing/reset", json={"topic": "orders", "offset": "x"}).status_code == 400
+        assert h.post("/v1/admin/groups/billing/reset", json={"topic": "nope", "offset": 0}).status_code == 404
+
+        # message search: by key, by id, by time; the body three ways and the door it came in by
+        by_key = h.get("/v1/admin/messages", params={"topic": "orders", "key": "o-3"}).json()["items"]
+        assert len(by_key) == 1 and by_key[0]["body_text"] == "order 3" and by_key[0]["protocol"] == "http"
+        assert by_key[0]["body_hex"] == b"order 3".hex() and by_key[0]["body_json"] is None
+        mid = by_key[0]["message_id"]
+        assert h.get("/v1/admin/messages", params={"id": mid}).json()["items"][0]["keys"] == ["o-3"]
+        by_time = h.get("/v1/admin/messages", params={"topic": "orders", "begin_ms": cut}).json()["items"]
+        assert [m["message_id"] for m in by_time] == [late["message_id"]]
+        sensor = h.get("/v1/admin/messages", params={"topic": "sensors"}).json()["items"]
+        mqtt_msg = [m for m in sensor if m["protocol"] == "mqtt"]
+        assert mqtt_msg and mqtt_msg[0]["body_json"] == {"celsius": 21.5}
+        assert {m["protocol"] for m in sensor} == {"mqtt", "amqp"}
+        assert h.get("/v1/admin/messages").status_code == 400
+        assert h.get("/v1/admin/messages", params={"id": "00" * 17}).json()["items"] == []
+
+        # the cluster page: the broker of this process, the listeners
+        c = h.get("/v1/admin/cluster").json()
+        assert c["brokers"][0]["name"] and c["listening"]["mqtt"].endswith(f":{srv.ports['mqtt']}")
+
+        # the metrics the dashboard reads
+        text = h.get("/metrics").text
+        for family in ("unimq_bytes_in_total", "unimq_bytes_out_total", "unimq_connections",
+                       "unimq_consumer_inflight_messages", "unimq_consumer_retry_messages",
+                       "unimq_store_disk_free_bytes", "unimq_store_flush_seconds_bucket"):
+            assert family in text, family
+        assert 'unimq_bytes_in_total{protocol="http",topic="orders"}' in text
+
+        # the console's files, and the admin API's own OpenAPI document
+        ui = h.get("/ui/")
+        assert ui.status_code == 200 and "unimq console" in ui.text
+        assert h.get("/ui/app.js").status_code == 200
+        assert "/reset" in str(h.get("/v1/admin/openapi.json").json()["paths"])
+
+
+def test_resend_from_the_dead_letter_topic(unimq_server: Any) -> None:
+    srv = unimq_server("--set=broker.max_delivery_attempts=1", "--set=broker.retry_backoff_ms=[100]")
+    with httpx.Client(base_url=srv.url(), timeout=20) as h:
+        for i in range(3):
+            h.post("/v1/topics/jobs/messages", params={"keys": f"j-{i}"}, content=f"job {i}".encode())
+        popped = h.post("/v1/topics/jobs/groups/workers/pop", params={"max": 32, "invisible_s": 0.2}).json()
+        assert len(popped["messages"]) == 3  # never acked: one attempt allowed, so each is dead-lettered
+        g = wait_for(lambda: (x := h.get("/v1/admin/groups", params={"q": "workers"}).json()["items"]) and
+                     x[0]["dlq"] == 3 and x[0], what="three dead letters")
+        assert g["topics"] == ["jobs"]
+        r = h.post("/v1/admin/groups/workers/resend-dlq", json={})
+        assert r.status_code == 200 and r.json() == {"group": "workers", "topic": "jobs", "resent": 3}
+        again = h.post("/v1/topics/jobs/groups/workers/pop", params={"max": 32}).json()["messages"]
+        assert sorted(m["keys"][0] for m in again) == ["j-0", "j-1", "j-2"]
+        # nothing is resent twice
+        assert h.post("/v1/admin/groups/workers/resend-dlq", json={"topic": "jobs"}).json()["resent"] == 0
+        assert h.post("/v1/admin/groups/workers/resend-dlq", json={"topic": "%DLQ%workers"}).status_code == 400
+        assert "unimq_dead_letter_messages" in h.get("/metrics").text
+
+
+def test_clients_of_every_door_and_disconnect(unimq_server: Any) -> None:
+    srv = unimq_server()
+    gone = threading.Event()
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="dev-7", clean_session=False,
+                      protocol=mqtt.MQTTv311)
+    sub.on_disconnect = lambda *a: gone.set()
+    sub.reconnect_delay_set(60, 60)  # stay gone while we look
+    sub.connect("127.0.0.1", srv.ports["mqtt"])
+    sub.loop_start()
+    subscribed = threading.Event()
+    sub.on_subscribe = lambda *a: subscribed.set()
+    sub.subscribe("plant/+/temp", 1)
+    assert subscribed.wait(10)
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", srv.ports["amqp"]))
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    ch.basic_consume(q, lambda *a: None)
+    with httpx.Client(base_url=srv.url(), timeout=20) as h:
+        r = h.get("/v1/admin/clients").json()
+        assert r["connections"]["mqtt"] == 1 and r["connections"]["amqp"] == 1
+        by_door = {c["door"]: c for c in r["items"]}
+        assert by_door["mqtt"]["client_id"] == "dev-7" and by_door["mqtt"]["connected"]
+        assert by_door["mqtt"]["subscriptions"] == [{"filter": "plant/+/temp", "qos": 1}]
+        amqp = by_door["amqp"]
+        assert amqp["channels"][0]["consumers"][0]["queue"] == q and amqp["user"] == "guest"
+        only = h.get("/v1/admin/clients", params={"door": "mqtt", "q": "dev"}).json()
+        assert only["total"] == 1 and only["items"][0]["client_id"] == "dev-7"
+        assert h.get("/v1/admin/clients", params={"q": "nobody"}).json()["total"] == 0
+
+        # disconnect the MQTT client: its connection closes, its session stays (clean_session=False)
+        assert h.post("/v1/admin/clients/mqtt/dev-7/disconnect").json()["disconnected"] is True
+        assert gone.wait(10)
+        kept = wait_for(lambda: (x := h.get("/v1/admin/clients", params={"door": "mqtt"}).json()["items"]) and
+                        not x[0]["connected"] and x[0], what="the session to show disconnected")
+        assert kept["subscriptions"] == [{"filter": "plant/+/temp", "qos": 1}]
+        assert h.post("/v1/admin/clients/mqtt/dev-7/disconnect").status_code == 404
+
+        # disconnect the AMQP connection: 320 CONNECTION_FORCED reaches pika
+        peer = amqp["client_id"]
+        assert h.post(f"/v1/admin/clients/amqp/{peer}/disconnect").status_code == 200
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+            for _ in range(100):
+                conn.process_data_events(time_limit=0.1)
+        assert e.value.reply_code == 320
+        wait_for(lambda: h.get("/v1/admin/clients", params={"door": "amqp"}).json()["total"] == 0,
+                 what="the AMQP connection to go")
+        assert h.post("/v1/admin/clients/nodoor/x/disconnect").status_code == 404
+    sub.loop_stop()
+
+
+def test_client_pages_walk_ids_and_describe_only_the_page() -> None:
+    described: list[str] = []
+
+    class Many:
+        door = "mqtt"
+
+        def __init__(self) -> None:
+            self.sessions = {f"dev-{i:06d}": i for i in range(100_000)}
+
+        def ids(self) -> Any:
+            return self.sessions.keys()
+
+        def describe(self, cid: str) -> ClientInfo | None:
+            described.append(cid)
+            return ClientInfo("mqtt", cid, self.sessions[cid] % 2 == 0)
+
+        def connections(self) -> int:
+            return 50_000
+
+        async def disconnect(self, cid: str) -> bool:
+            return False
+
+    reg = ClientRegistry()
+    reg.register(Many())
+    p = reg.page("", "dev-0999", 5, 3)
+    assert p.total == 100 and [c.client_id for c in p.clients] == ["dev-099905", "dev-099906", "dev-099907"]
+    assert described == ["dev-099905", "dev-099906", "dev-099907"]
+    assert reg.page("amqp").total == 0 and reg.connections() == {"mqtt": 50_000}
+
+
+def test_rates_and_pages() -> None:
+    m = RateMeter(min_s=1.0)
+    assert m.rates({"mqtt/messages_in": 10}, now=100.0) == {"mqtt/messages_in": 0.0}
+    assert m.rates({"mqtt/messages_in": 30}, now=102.0) == {"mqtt/messages_in": 10.0}
+    assert m.rates({"mqtt/messages_in": 31}, now=102.5) == {"mqtt/messages_in": 10.0}  # too soon: the last rate
+    assert m.rates({"mqtt/messages_in": 31}, now=104.0) == {"mqtt/messages_in": 0.5}
+    assert page(list(range(10)), 8, 5) == (10, [8, 9])
