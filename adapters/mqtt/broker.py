@@ -51,6 +51,7 @@ from .mapping import (
     P_QOS,
     P_TOPIC,
     QOS_STR,
+    USER_KEYS,
     Outgoing,
     PubItem,
     forward_props,
@@ -375,6 +376,7 @@ class MQTTBroker:
             if plan.wake_groups:
                 wake_groups.update(plan.wake_groups)
             iprops = it.properties
+            keys: tuple[str, ...] = ()
             if iprops is None and not it.retain:
                 props = {P_TOPIC: topic, P_QOS: QOS_STR[qos], P_MQTT_CLIENT_ID: publisher}
                 expiry = 0
@@ -383,7 +385,10 @@ class MQTTBroker:
                 props[P_MQTT_CLIENT_ID] = publisher
                 expiry = int(props.get(P_EXPIRY_AT, 0))
                 retained = retained or it.retain
-            msgs.append(Message(plan.ut, it.payload, properties=props, protocol="mqtt", extra_dispatch=plan.targets))
+                if USER_KEYS in props:  # MQTT 5 user property "keys": the message keys (query by key)
+                    keys = tuple(k for k in props[USER_KEYS].split(",") if k)
+            msgs.append(Message(plan.ut, it.payload, properties=props, protocol="mqtt", extra_dispatch=plan.targets,
+                                keys=keys))
             out = None
             if plan.lmq_subs or plan.direct:
                 out = Outgoing(topic, it.payload, qos, it.retain, forward_props(iprops) if iprops else None, expiry,

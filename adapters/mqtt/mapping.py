@@ -32,6 +32,9 @@ P_RESPONSE_TOPIC = "mqtt_response_topic"
 P_CORRELATION = "mqtt_correlation_data"  # base64
 P_PAYLOAD_FORMAT = "mqtt_payload_format"
 QOS_STR = ("0", "1", "2")
+# The MQTT 5 user property whose value (comma-separated) becomes the message's keys, so query by
+# key (the console's message search, ``unimq admin messages search --key``) finds MQTT messages.
+USER_KEYS = "keys"
 MQTT_KEYS = frozenset({P_MQTT_CLIENT_ID, P_TOPIC, P_QOS, P_RETAIN, P_EXPIRY_AT, P_CONTENT_TYPE, P_RESPONSE_TOPIC, P_CORRELATION,
                        P_PAYLOAD_FORMAT})
 

@@ -251,7 +251,7 @@ async function doResend(ev) {
 
 function clientDetails(c) {
   if (c.door === "mqtt") return (c.subscriptions || []).map(s => `${s.filter} (QoS ${s.qos})`).join(", ");
-  if (c.door === "amqp") return (c.channels || []).map(ch => `ch ${ch.number}: ` + ch.consumers.map(k => k.queue).join(", ") + ` unacked ${ch.unacked}`).join("; ");
+  if (c.door === "amqp") return (c.channels || []).map(ch => `channel ${ch.number}: ` + (ch.consumers.map(k => "consumes " + k.queue).join(", ") || "no consumers") + `, ${ch.unacked} unacked`).join("; ");
   if (c.door === "grpc") return `${c.client_type} ${c.group || ""} ${(c.topics || []).join(", ")}`;
   if (c.door === "http") return `${c.topic} → ${c.sink} (${Object.entries(c.deliveries || {}).map(([k, v]) => k + " " + v).join(", ")})`;
   return "";
