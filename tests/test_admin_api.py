@@ -8,6 +8,7 @@ the new /metrics families, and the console's static files.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any, Callable
@@ -19,6 +20,7 @@ import pytest
 
 from adapters.cloudevents.admin_views import RateMeter, page
 from gateway.clients import ClientInfo, ClientRegistry
+from tests.conftest import REPO_ROOT
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
@@ -138,6 +140,13 @@ def test_overview_topics_groups_reset_and_search(unimq_server: Any) -> None:
                        "unimq_store_disk_free_bytes", "unimq_store_flush_seconds_bucket"):
             assert family in text, family
         assert 'unimq_bytes_in_total{protocol="http",topic="orders"}' in text
+        # every series the shipped Grafana dashboard plots is one this server exports (or one that
+        # only exists with replication, tiered storage or dead letters)
+        dashboard = (REPO_ROOT / "deploy" / "grafana" / "unimq.json").read_text()
+        conditional = ("unimq_replication_", "unimq_tier_", "unimq_dead_letter", "unimq_push_")
+        for name in sorted(set(re.findall(r"unimq_[a-z_]+", dashboard)) - {"unimq_json"}):
+            if not name.startswith(conditional):
+                assert re.search(rf"^{name}(_bucket)?[{{ ]", text, re.M), name
 
         # the console's files, and the admin API's own OpenAPI document
         ui = h.get("/ui/")
