@@ -113,6 +113,12 @@ def test_overview_topics_groups_reset_and_search(unimq_server: Any) -> None:
         assert h.post("/v1/admin/groups/billing/reset", json={"offset": 1}).status_code == 400
         assert h.post("/v1/admin/groups/billing/reset", json={"topic": "orders", "offset": "x"}).status_code == 400
         assert h.post("/v1/admin/groups/billing/reset", json={"topic": "nope", "offset": 0}).status_code == 404
+        assert h.post("/v1/admin/groups/billing/reset", json={"topic": "orders", "offset": 2**70}).status_code == 400
+        assert h.post("/v1/admin/groups/billing/reset", json={"topic": "orders", "offset": 0, "queue_id": 99}).status_code == 400
+        assert h.post("/v1/admin/groups/%25bad/reset", json={"topic": "orders", "offset": 0}).status_code == 400
+        assert h.post("/v1/admin/groups/billing/reset", content=b"nope",
+                      headers={"content-type": "application/json"}).status_code == 400
+        assert h.post("/v1/admin/groups/billing/resend-dlq", json={}).json()["resent"] == 0  # no dead letters
 
         # message search: by key, by id, by time; the body three ways and the door it came in by
         by_key = h.get("/v1/admin/messages", params={"topic": "orders", "key": "o-3"}).json()["items"]

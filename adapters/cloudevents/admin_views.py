@@ -196,7 +196,10 @@ async def resend_dead_letters(p: MessagingAPI, ctx: RequestContext, group: str, 
     dlq = dlq_topic(group)
     sent = 0
     while sent < max_count:
-        popped = await p.pop(ctx, resend_group, dlq, min(32, max_count - sent), 60_000)
+        try:
+            popped = await p.pop(ctx, resend_group, dlq, min(32, max_count - sent), 60_000)
+        except TopicNotFoundError:  # no dead letter ever
+            break
         if not popped:
             break
         copies = [Message(topic, pm.message.body, tag=pm.message.tag, keys=pm.message.keys,

@@ -32,6 +32,7 @@ from .push import PushManager
 __all__ = ["PREFIX", "PushClients", "app", "router"]
 
 PREFIX = "/v1/admin"
+MAX_INT = 2**62  # offsets and times: what the store and the RPC carry
 
 
 def app(deps: Deps) -> FastAPI:
@@ -180,8 +181,8 @@ def router(deps: Deps) -> APIRouter:
             raise ApiError(400, "BAD_REQUEST", "'topic' is required")
         qid, off, ts = body.get("queue_id"), body.get("offset"), body.get("timestamp_ms")
         for name, v in (("queue_id", qid), ("offset", off), ("timestamp_ms", ts)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                raise ApiError(400, "BAD_REQUEST", f"'{name}' must be an integer")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_INT):
+                raise ApiError(400, "BAD_REQUEST", f"'{name}' must be an integer from 0 to {MAX_INT}")
         moved = await processor().reset_offset(ctx, group, topic, qid, offset=off, timestamp_ms=ts)
         return json_response({"group": group, "topic": topic,
                               "queues": [{"queue_id": q, "offset": o} for q, o in moved]})
@@ -201,8 +202,9 @@ def router(deps: Deps) -> APIRouter:
                 raise ApiError(400, "BAD_REQUEST", f"group {group!r} consumes {len(mine)} topics: name 'topic'")
             topic = mine[0]
         n = body.get("max", 100)
-        if not isinstance(topic, str) or not topic or isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ApiError(400, "BAD_REQUEST", "'topic' is a topic name, 'max' a positive integer")
+        if not isinstance(topic, str) or not topic or isinstance(n, bool) or not isinstance(n, int) \
+                or not 1 <= n <= 100_000:
+            raise ApiError(400, "BAD_REQUEST", "'topic' is a topic name, 'max' an integer from 1 to 100000")
         if is_system_topic(topic):
             raise ApiError(400, "BAD_REQUEST", "dead letters go back to an application topic")
         sent = await views.resend_dead_letters(p, ctx, group, topic, n, f"unimq-admin-resend-{group}")
@@ -234,7 +236,7 @@ def router(deps: Deps) -> APIRouter:
     async def messages(id: str = Query("", description="a message id"),
                        key: str = Query("", description="a message key (with topic)"),
                        topic: str = Query("", description="the topic to search by key or time"),
-                       begin_ms: int = Query(0, ge=0), end_ms: int = Query(2**62, ge=0),
+                       begin_ms: int = Query(0, ge=0, le=MAX_INT), end_ms: int = Query(MAX_INT, ge=0, le=MAX_INT),
                        max: int = Query(32, ge=1, le=1000)) -> Response:
         """Find messages by id, by key (in a topic), or by store time (in a topic): body as text,
         JSON and hex, properties, and the door it came in by (``protocol``)."""
