@@ -268,3 +268,35 @@ def test_rates_and_pages() -> None:
     assert m.rates({"mqtt/messages_in": 31}, now=102.5) == {"mqtt/messages_in": 10.0}  # too soon: the last rate
     assert m.rates({"mqtt/messages_in": 31}, now=104.0) == {"mqtt/messages_in": 0.5}
     assert page(list(range(10)), 8, 5) == (10, [8, 9])
+
+
+def test_bytes_out_count_live_mqtt_and_amqp_deliveries(unimq_server: Any) -> None:
+    srv = unimq_server()
+    got = threading.Event()
+    sub = mqtt_client(srv.ports["mqtt"], "bytes-sub")
+    sub.on_message = lambda *a: got.set()
+    done = threading.Event()
+    sub.on_subscribe = lambda *a: done.set()
+    sub.subscribe("farm/#", 1)
+    assert done.wait(10)
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", srv.ports["amqp"]))
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    ch.queue_bind(q, "amq.topic", "farm.#")
+    pub = mqtt_client(srv.ports["mqtt"], "bytes-pub")
+    pub.publish("farm/cow", b"x" * 1000, qos=1).wait_for_publish(10)
+    assert got.wait(10)
+    body = wait_for(lambda: ch.basic_get(q, auto_ack=True)[2], what="the AMQP delivery")
+    assert body == b"x" * 1000
+    with httpx.Client(base_url=srv.url(), timeout=20) as h:
+        doors = wait_for(lambda: (d := h.get("/v1/admin/overview").json()["doors"])["mqtt"]["bytes_out"] >= 1000
+                         and d["amqp"]["bytes_out"] >= 1000 and d, what="bytes out of both doors")
+        assert doors["mqtt"]["bytes_in"] >= 1000
+        text = h.get("/metrics").text
+        assert re.search(r'^unimq_bytes_out_total\{protocol="mqtt",topic="farm"\} [1-9]', text, re.M)
+        # AMQP deliveries count under the queue's own topic (as messages_out does)
+        assert re.search(r'^unimq_bytes_out_total\{protocol="amqp",topic="%LMQ%amqp/[^"]+"\} 1000', text, re.M)
+    conn.close()
+    for c in (sub, pub):
+        c.loop_stop()
+        c.disconnect()

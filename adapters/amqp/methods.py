@@ -303,7 +303,7 @@ async def _basic_get(conn: AmqpConnection, ch: Channel, m: Any) -> None:
         ch.unacked[tag] = lease
         q.unacked += 1
     if not lease.read_back:
-        q.count_out(1)
+        q.count_out(1, len(lease.msg.body))
     enc, exchange, rk = encoded_delivery(lease.msg)
     conn.write(codec.encode_get_ok(ch.number, tag, lease.attempt > 1, exchange, rk, q.ready())
                + codec.encode_content(ch.number, enc, lease.msg.body, conn.frame_max))

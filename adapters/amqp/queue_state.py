@@ -255,13 +255,11 @@ class QueueState:
                 return c
         return None
 
-    def count_out(self, n: int) -> None:
-        """Deliveries from memory into /metrics' messages_out{protocol="amqp"}, once per run of
-        deliveries (read-backs are counted by the processor's pull, as for the MQTT door)."""
+    def count_out(self, n: int, nbytes: int) -> None:
+        """Deliveries from memory into /metrics' messages_out and bytes_out{protocol="amqp"}, once
+        per run of deliveries (read-backs are counted by the processor's pull, as for the MQTT door)."""
         if n:
-            metrics = self.broker.processor.metrics
-            metrics.inc("messages_out", "amqp", n)
-            metrics.inc_topic("messages_out", "amqp", self.topic, n)
+            self.broker.processor.metrics.count_out("amqp", self.topic, n, nbytes)
 
     async def _pump(self) -> None:
         broker = self.broker
@@ -282,13 +280,16 @@ class QueueState:
                         if n <= 0:
                             break
                         deliver = c.channel.deliver
-                        mem = 0
+                        mem = mem_bytes = 0
                         for _ in range(n):
                             lease = buf.popleft()
-                            self.mem_bytes -= len(lease.msg.body)
+                            size = len(lease.msg.body)
+                            self.mem_bytes -= size
                             deliver(c, lease)
-                            mem += not lease.read_back
-                        self.count_out(mem)
+                            if not lease.read_back:
+                                mem += 1
+                                mem_bytes += size
+                        self.count_out(mem, mem_bytes)
                         continue
                     c = self._next_consumer()
                     if c is None:
@@ -300,7 +301,7 @@ class QueueState:
                         continue
                     c.channel.deliver(c, lease)
                     if not lease.read_back:
-                        self.count_out(1)
+                        self.count_out(1, len(lease.msg.body))
                 want = self._credit() if self.consumers else 0
                 if want > 0 and not buf:
                     got = await self._pull_spill(want)

@@ -234,8 +234,10 @@ class Connection:
             return
         ut = out.ut
         if ut:  # counted for the processor's metrics (flushed per batch: Delivery.count_out)
-            counts = self.delivery.out_counts
+            d = self.delivery
+            counts, nbytes = d.out_counts, d.out_bytes
             counts[ut] = counts.get(ut, 0) + 1
+            nbytes[ut] = nbytes.get(ut, 0) + len(out.payload)
         if qos == 0:
             self.send_publish(out, 0, retain, False, 0, sub_ids)
             return

@@ -67,6 +67,7 @@ class Delivery:
         self._flusher: asyncio.Task[None] | None = None
         # Deliveries not read back from the store, per unified topic, since the last count_out
         self.out_counts: dict[str, int] = {}
+        self.out_bytes: dict[str, int] = {}  # their payload bytes, likewise
         self.metrics = processor.metrics
 
     def count_out(self) -> None:
@@ -75,11 +76,12 @@ class Delivery:
         publishes, pump round or subscription, not per message."""
         counts = self.out_counts
         if counts:
-            metrics = self.metrics
+            count = self.metrics.count_out
+            nbytes = self.out_bytes
             for ut, n in counts.items():
-                metrics.inc("messages_out", "mqtt", n)
-                metrics.inc_topic("messages_out", "mqtt", ut, n)
+                count("mqtt", ut, n, nbytes.get(ut, 0))
             counts.clear()
+            nbytes.clear()
 
     def start(self) -> None:
         self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="mqtt-offsets")
@@ -291,6 +293,8 @@ class Delivery:
         if ut:  # a message from memory (one read back from the store was counted by the processor)
             counts = self.out_counts
             counts[ut] = counts.get(ut, 0) + 1
+            nbytes = self.out_bytes
+            nbytes[ut] = nbytes.get(ut, 0) + len(out.payload)
         pid = s.alloc_pid()
         s.inflight[pid] = Inflight(out, q, lmq, off, None, sids)
         if conn.version != C.MQTT_5:  # no properties, no packet size limit: the short way
