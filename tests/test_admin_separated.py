@@ -1,10 +1,18 @@
 """The admin API in the separated deployment (nameserver, two brokers, a gateway as real processes):
 groups and resets span brokers, the cluster page lists them, the processor RPC serves the admin
-calls; and in one process, a reset survives a restart (it is journaled)."""
+calls; a replicated cluster's groups show on the cluster page and in /metrics; and in one
+process, a reset survives a restart (it is journaled)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -15,7 +23,7 @@ from gateway.api import ClusterView, GroupQueueStats
 from gateway.context import RequestContext
 from gateway.processor_rpc import RemoteProcessor
 from unimq.local_cluster import Cluster
-from conftest import TEST_STORE_ARGS
+from conftest import REPO_ROOT, TEST_STORE_ARGS
 
 CTX = RequestContext("test", client_id="admin-separated")
 
@@ -85,3 +93,53 @@ def test_a_reset_survives_a_restart(unimq_server: Any) -> None:
         assert h.get("/v1/admin/groups/g").json()["lag"] == 6
         again = h.post("/v1/topics/t/groups/g/pop", params={"max": 32}).json()["messages"]
         assert sorted(m["message_id"] for m in again) == ids
+
+
+@pytest.mark.timeout(240)
+def test_replicated_groups_on_the_cluster_page_and_in_metrics(tmp_path: Any) -> None:
+    """`unimq cluster up` points its gateway's admin API at the controllers: the cluster page
+    shows the group's master and in-sync set, /metrics the members' replication lag."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "unimq", "cluster", "up", "--data-dir", str(tmp_path), "--groups", "1",
+         "--replicas", "3", "--http-port", "0", "--grpc-port", "0", "--mqtt-port", "0", "--amqp-port", "0",
+         *TEST_STORE_ARGS],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("unimq: ready"):
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        assert ready.wait(120), "".join(lines[-30:])
+        http = int(re.search(r"unimq: http listening on 127\.0\.0\.1:(\d+)", "".join(lines)).group(1))  # type: ignore[union-attr]
+        with httpx.Client(base_url=f"http://127.0.0.1:{http}", timeout=20) as h:
+            deadline = time.monotonic() + 90
+            while True:  # the group elects a master and its members report their offsets
+                c = h.get("/v1/admin/cluster").json()
+                groups = c["groups"]
+                if groups and groups[0]["master"] and len(groups[0]["in_sync"]) >= 2 and \
+                        all(m["offset"] is not None for m in groups[0]["members"]):
+                    break
+                assert time.monotonic() < deadline, c
+                time.sleep(0.5)
+            g = groups[0]
+            assert c["controller_error"] is None and len(g["members"]) == 3
+            assert [m["role"] for m in g["members"]].count("master") == 1
+            assert all(m["lag"] is not None and m["lag"] >= 0 for m in g["members"])
+            assert h.get("/v1/admin/overview").json()["replication"][0]["members"] == 3
+            text = h.get("/metrics").text
+            assert len(re.findall(r"^unimq_replication_lag_bytes\{", text, re.M)) == 3
+            assert len(re.findall(r"^unimq_replication_in_sync\{.*\} 1\.0$", text, re.M)) >= 2
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)

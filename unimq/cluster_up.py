@@ -91,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
         gateway = start_proc("gateway", [
             "gateway", "--namesrv", namesrv, "--rpc-port", "0", "--http-port", str(args.http_port),
             "--grpc-port", str(args.grpc_port), "--mqtt-port", str(args.mqtt_port), "--amqp-port",
-            str(args.amqp_port), "--mqtt-ws-port", str(args.mqtt_ws_port), *auth])
+            str(args.amqp_port), "--mqtt-ws-port", str(args.mqtt_ws_port), *auth,
+            # the console's cluster page and /metrics ask these controllers for the groups
+            f"--set=http_admin_controller={controllers}"])
         procs.append(gateway)
         for p in procs:
             ports = ", ".join(f"{k} {v}" for k, v in sorted(p.ports.items()))

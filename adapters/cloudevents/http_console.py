@@ -90,6 +90,15 @@ def router(deps: Deps) -> APIRouter:
     r = APIRouter(tags=["admin"])
     ctx = ADMIN_CTX
 
+    async def replicated_groups() -> tuple[list[dict[str, Any]], str | None]:
+        """The controller's groups (none without ``http_admin_controller``), or why not."""
+        if not controller_addr:
+            return [], None
+        try:
+            return await views.controller_groups(controller_addr), None
+        except (OSError, UnimqError) as e:
+            return [], f"controller {controller_addr}: {e}"
+
     def retention_hours() -> float:
         return float(state.settings.store.retention_hours)
 
@@ -115,12 +124,16 @@ def router(deps: Deps) -> APIRouter:
                 doors["http"][k] = round(doors["http"][k] + ce[k], 2)
         stats = await p.store_stats(ctx)
         cluster = await p.cluster(ctx)
+        replication, _ = await replicated_groups()
         groups = views.group_rows(await p.consumer_groups(ctx))
         return json_response({
             "time_ms": int(time.time() * 1000), "phase": state.phase,
             "doors": doors,
             "store": {k: stats.get(k) for k in ("commitlog_bytes", "disk_total_bytes", "disk_free_bytes")},
             "brokers": [BrokerInfo(*b)._asdict() for b in ClusterView(*cluster).brokers],
+            "replication": [{"group": g["group"], "master": g["master"], "in_sync": g["in_sync"],
+                             "members": len(g["members"]),
+                             "max_lag": max((m["lag"] or 0 for m in g["members"]), default=0)} for g in replication],
             "topics": len(await p.list_topics(ctx, False)),
             "groups": len(groups), "lag": sum(g["lag"] for g in groups.values()),
             "listening": {k: f"{h}:{port}" for k, (h, port) in state.listening.items()},
@@ -258,14 +271,7 @@ def router(deps: Deps) -> APIRouter:
         set, each replicated group's master and in-sync set from the controller."""
         p = processor()
         view = ClusterView(*await p.cluster(ctx))
-        groups: list[dict[str, Any]] = []
-        error = None
-        addr = controller_addr
-        if addr:
-            try:
-                groups = await views.controller_groups(addr)
-            except (OSError, UnimqError) as e:
-                error = f"controller {addr}: {e}"
+        groups, error = await replicated_groups()
         return json_response({"nameservers": list(view.nameservers),
                               "brokers": [BrokerInfo(*b)._asdict() for b in view.brokers],
                               "groups": groups, "controller_error": error,

@@ -125,6 +125,8 @@ async function overview() {
   table("overview-brokers", ["broker", "address", "writable", "replicated", "live", "topics"],
     o.brokers.map(b => ({ cells: [b.name, b.address || "in process", b.writable ? "yes" : "no",
       b.replicated ? "yes" : "no", el("span", { class: b.live ? "ok" : "bad" }, b.live ? "up" : "down"), b.topics] })));
+  $("overview-replication").replaceChildren(...o.replication.map(g => el("div", { class: "small" },
+    `group ${g.group}: master ${g.master || "(none)"}, in sync ${g.in_sync.length} of ${g.members}, largest lag ${fmt(g.max_lag)} bytes`)));
   state.samples.push({ t: o.time_ms, doors: o.doors });
   if (state.samples.length > 90) state.samples.shift();
   chart();
