@@ -300,3 +300,24 @@ def test_bytes_out_count_live_mqtt_and_amqp_deliveries(unimq_server: Any) -> Non
     for c in (sub, pub):
         c.loop_stop()
         c.disconnect()
+
+
+def test_grpc_clients_listed_and_disconnected(unimq_server: Any) -> None:
+    """The official RocketMQ 5 client shows up with its type and topics; a disconnect ends its
+    telemetry stream, and the client opens a new one (as after a network blip)."""
+    from grpc_helpers import message, producer, started
+
+    srv = unimq_server()
+    with started(producer(srv.ports["grpc"], ("rmq-orders",))) as p, \
+            httpx.Client(base_url=srv.url(), timeout=20) as h:
+        p.send(message("rmq-orders", b"via grpc", keys=("g-1",)))
+        c = wait_for(lambda: (x := h.get("/v1/admin/clients", params={"door": "grpc"}).json()["items"]) and
+                     x[0]["connected"] and x[0], what="the gRPC client with a telemetry stream")
+        assert c["client_type"] == "PRODUCER" and "rmq-orders" in c["topics"]
+        assert h.get("/v1/admin/overview").json()["doors"]["grpc"]["connections"] == 1
+        assert h.post(f"/v1/admin/clients/grpc/{c['client_id']}/disconnect").json()["disconnected"] is True
+        wait_for(lambda: h.get("/v1/admin/clients", params={"door": "grpc"}).json()["items"][0]["connected"],
+                 what="the client to reopen its stream")
+        found = h.get("/v1/admin/messages", params={"topic": "rmq-orders", "key": "g-1"}).json()["items"]
+        assert found and found[0]["protocol"] == "grpc" and found[0]["body_text"] == "via grpc"
+        p.send(message("rmq-orders", b"after the disconnect"))
