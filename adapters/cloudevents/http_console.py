@@ -14,8 +14,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Body, FastAPI, Path, Query
+from fastapi import APIRouter, FastAPI, Path, Query
 from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from core_broker.errors import UnimqError
 from core_broker.system_topics import is_system_topic
@@ -50,6 +51,28 @@ def app(deps: Deps) -> FastAPI:
 _LIMIT = Query(50, ge=1, le=1000, description="items per page")
 _OFFSET = Query(0, ge=0, description="items to skip")
 _FILTER = Query("", description="only names containing this")
+
+
+class ResetIn(BaseModel):
+    """Where to move a consumer group: exactly one of ``offset`` and ``timestamp_ms``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"topic": "orders", "offset": 0}, {"topic": "orders", "timestamp_ms": 1760000000000, "queue_id": 3}]})
+
+    topic: StrictStr = Field(min_length=1)
+    queue_id: StrictInt | None = Field(None, ge=0, le=MAX_INT, description="one queue (default: every queue)")
+    offset: StrictInt | None = Field(None, ge=0, le=MAX_INT, description="clamped to each queue's bounds")
+    timestamp_ms: StrictInt | None = Field(None, ge=0, le=MAX_INT,
+                                           description="the first message stored at or after this time")
+
+
+class ResendIn(BaseModel):
+    """Which dead letters to send again, and where."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"topic": "orders", "max": 100}]})
+
+    topic: StrictStr | None = Field(None, min_length=1, description="default: the one topic the group consumes")
+    max: StrictInt = Field(100, ge=1, le=100_000)
 
 
 class PushClients:
@@ -182,45 +205,34 @@ def router(deps: Deps) -> APIRouter:
         return json_response(g)
 
     @r.post("/groups/{group}/reset", responses=ERRORS)
-    async def reset(group: str = Path(description="consumer group"),
-                    body: dict[str, Any] = Body(examples=[{"topic": "orders", "offset": 0},
-                                                          {"topic": "orders", "timestamp_ms": 1760000000000}])
-                    ) -> Response:
+    async def reset(body: ResetIn, group: str = Path(description="consumer group")) -> Response:
         """Move a group on a topic (``queue_id`` for one queue, else all) to ``offset`` or to the
         first message stored at or after ``timestamp_ms``; messages after it are delivered again."""
         check_group(group)
-        topic = body.get("topic")
-        if not isinstance(topic, str) or not topic:
-            raise ApiError(400, "BAD_REQUEST", "'topic' is required")
-        qid, off, ts = body.get("queue_id"), body.get("offset"), body.get("timestamp_ms")
-        for name, v in (("queue_id", qid), ("offset", off), ("timestamp_ms", ts)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_INT):
-                raise ApiError(400, "BAD_REQUEST", f"'{name}' must be an integer from 0 to {MAX_INT}")
-        moved = await processor().reset_offset(ctx, group, topic, qid, offset=off, timestamp_ms=ts)
-        return json_response({"group": group, "topic": topic,
+        if (body.offset is None) == (body.timestamp_ms is None):
+            raise ApiError(400, "BAD_REQUEST", "give exactly one of 'offset' and 'timestamp_ms'")
+        moved = await processor().reset_offset(ctx, group, body.topic, body.queue_id, offset=body.offset,
+                                               timestamp_ms=body.timestamp_ms)
+        return json_response({"group": group, "topic": body.topic,
                               "queues": [{"queue_id": q, "offset": o} for q, o in moved]})
 
     @r.post("/groups/{group}/resend-dlq", responses=ERRORS)
-    async def resend(group: str = Path(description="consumer group"),
-                     body: dict[str, Any] = Body(default={}, examples=[{"topic": "orders", "max": 100}])) -> Response:
+    async def resend(body: ResendIn | None = None, group: str = Path(description="consumer group")) -> Response:
         """Send the group's dead letters (``%DLQ%<group>``) again to ``topic`` (default: the one
         topic the group consumes), at most ``max`` (100); each leaves the dead-letter topic."""
         check_group(group)
+        body = body or ResendIn()
         p = processor()
-        topic = body.get("topic")
+        topic = body.topic
         if topic is None:
             g = views.group_rows(await p.consumer_groups(ctx)).get(group)
             mine = g["topics"] if g is not None else []
             if len(mine) != 1:
                 raise ApiError(400, "BAD_REQUEST", f"group {group!r} consumes {len(mine)} topics: name 'topic'")
             topic = mine[0]
-        n = body.get("max", 100)
-        if not isinstance(topic, str) or not topic or isinstance(n, bool) or not isinstance(n, int) \
-                or not 1 <= n <= 100_000:
-            raise ApiError(400, "BAD_REQUEST", "'topic' is a topic name, 'max' an integer from 1 to 100000")
         if is_system_topic(topic):
             raise ApiError(400, "BAD_REQUEST", "dead letters go back to an application topic")
-        sent = await views.resend_dead_letters(p, ctx, group, topic, n, f"unimq-admin-resend-{group}")
+        sent = await views.resend_dead_letters(p, ctx, group, topic, body.max, f"unimq-admin-resend-{group}")
         return json_response({"group": group, "topic": topic, "resent": sent})
 
     @r.get("/clients", responses=ERRORS)
