@@ -100,7 +100,11 @@ def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any
     for i in range(3):
         assert h.post("/v1/topics/invoices/messages", params={"keys": f"inv-{i}"}, content=f"invoice {i}".encode()).is_success
     wait_for(lambda: all(door_total(browser, d) > before[d] for d in before), what="every door's counter to move")
+    wait_for(lambda: any(float(e.text.replace(",", "")) > 0 for e in browser.find_elements(By.CSS_SELECTOR, ".in-rate")),
+             what="a rate on the chart")
     assert errors(browser) == []
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SHOTS / "overview.png"))  # with the traffic on its chart
 
     # a pop group over HTTP consumes the invoices
     got = h.post("/v1/topics/invoices/groups/accounting/pop", params={"max": 32}).json()["messages"]
@@ -109,7 +113,6 @@ def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any
     assert h.post("/v1/topics/invoices/groups/accounting/pop").json()["messages"] == []
 
     # every page renders without console errors; a screenshot of each
-    SHOTS.mkdir(parents=True, exist_ok=True)
     for page in PAGES:
         open_page(browser, base, page)
         if page == "topics":
@@ -117,7 +120,8 @@ def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any
         if page == "clients":
             wait_for(lambda: browser.find_element(By.ID, "client-mqtt-console-dev"), what="the MQTT client row")
         assert errors(browser) == [], page
-        browser.save_screenshot(str(SHOTS / f"{page}.png"))
+        if page != "overview":
+            browser.save_screenshot(str(SHOTS / f"{page}.png"))
 
     # the MQTT message found by key on the search page, with the door it came in by
     open_page(browser, base, "messages")
