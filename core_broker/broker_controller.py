@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from . import consumer_stats
 from .config import BrokerConfig, StoreConfig
 from .deadline_loop import DeadlineLoop
 from .errors import BadRequestError, TopicNotFoundError, UnimqError
@@ -730,41 +731,12 @@ class BrokerController:
     # ------------------------------------------------------------------ observability
 
     def consumer_lag(self) -> list[tuple[str, str, int]]:
-        """(group, topic, backlog): pop groups by their cursors (retry topics folded into
-        their topic), pull groups by their committed offsets."""
-        lag: dict[tuple[str, str], int] = {}
-        seen: set[tuple[str, str, int]] = set()
-        for (g, t, q), c in list(self.pops.cursors.items()):
-            seen.add((g, t, q))
-            if t.startswith(RETRY_PREFIX):
-                origin = t[len(RETRY_PREFIX) + len(g) + 1 :]
-            elif is_system_topic(t) and not t.startswith(DLQ_PREFIX):
-                continue
-            else:
-                origin = t
-            n = max(self.store.max_offset(t, q) - c.floor(), 0)
-            lag[(g, origin)] = lag.get((g, origin), 0) + n
-        for g in self.store.offsets.groups():
-            for (t, q), off in self.store.offsets.of_group(g).items():
-                if (g, t, q) in seen or (is_system_topic(t) and not t.startswith(DLQ_PREFIX)):
-                    continue
-                n = max(self.store.max_offset(t, q) - off, 0)
-                lag[(g, t)] = lag.get((g, t), 0) + n
-        return [(g, t, n) for (g, t), n in sorted(lag.items())]
+        """(group, topic, backlog) of every consumer group (see ``consumer_stats``)."""
+        return consumer_stats.consumer_lag(self.pops, self.store)
 
     def group_queues(self) -> list[tuple[str, str, int, str, int, int, int]]:
-        """(group, topic, queue, broker, consumer offset, max offset, in flight) for every queue a
-        pop group holds a cursor on (retry topics included) and every pull group's committed queue."""
-        rows, seen = [], set()
-        for (g, t, q), c in list(self.pops.cursors.items()):
-            seen.add((g, t, q))
-            if not is_system_topic(t) or t.startswith((RETRY_PREFIX, DLQ_PREFIX)):
-                rows.append((g, t, q, self.name, c.floor(), self.store.max_offset(t, q), len(c.inflight)))
-        for g in self.store.offsets.groups():
-            for (t, q), off in self.store.offsets.of_group(g).items():
-                if (g, t, q) not in seen and (not is_system_topic(t) or t.startswith(DLQ_PREFIX)):
-                    rows.append((g, t, q, self.name, off, self.store.max_offset(t, q), 0))
-        return sorted(rows)
+        """Every consumer group's queues with offsets and in-flight counts (see ``consumer_stats``)."""
+        return consumer_stats.group_queues(self.pops, self.store, self.name)
 
     def store_stats(self) -> dict:
         """Bytes held by the commitlog, the flush thread's fdatasync timings, the tier's backlog."""
