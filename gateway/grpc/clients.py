@@ -39,7 +39,8 @@ class GrpcClients:
             return None
         return ClientInfo("grpc", client_id, s.live, "", "",
                           {"client_type": pb.ClientType.Name(s.client_type), "group": s.group,
-                           "topics": sorted(s.topics), "namespace": s.namespace, "streams": len(s.outboxes)})
+                           "topics": sorted(s.topics), "namespace": s.namespace, "streams": len(s.outboxes),
+                           "streams_opened": s.streams_opened})
 
     def connections(self) -> int:
         r = self._registry

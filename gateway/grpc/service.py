@@ -551,6 +551,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         session = self.sessions.get(ctx.client_id, ctx.namespace)
         outbox: asyncio.Queue[spb.TelemetryCommand | None] = asyncio.Queue()
         session.outboxes.append(outbox)
+        session.streams_opened += 1
 
         async def read() -> None:
             try:

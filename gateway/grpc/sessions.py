@@ -31,6 +31,7 @@ class ClientSession:
     topics: set[str] = field(default_factory=set)
     outboxes: list[asyncio.Queue[spb.TelemetryCommand | None]] = field(default_factory=list)
     last_seen: float = field(default_factory=time.monotonic)
+    streams_opened: int = 0  # telemetry streams ever opened (the admin API shows reconnects)
 
     @property
     def live(self) -> bool:
