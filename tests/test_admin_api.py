@@ -325,3 +325,31 @@ def test_grpc_clients_listed_and_disconnected(unimq_server: Any) -> None:
         found = h.get("/v1/admin/messages", params={"topic": "rmq-orders", "key": "g-1"}).json()["items"]
         assert found and found[0]["protocol"] == "grpc" and found[0]["body_text"] == "via grpc"
         p.send(message("rmq-orders", b"after the disconnect"))
+
+
+def test_the_console_api_acts_as_the_caller(unimq_server: Any) -> None:
+    """With users, the console's routes need the caller's rights: anonymous callers get 401 (with a
+    Basic challenge, so a browser asks), a user with only a topic's rights reads that topic's
+    messages but not the groups or clients, an admin sees everything; the static files stay open."""
+    srv = unimq_server()
+    admin_auth = ("root", "root-pw-1")
+    r = httpx.post(srv.url(path="/v1/admin/users"), json={"name": admin_auth[0], "password": admin_auth[1], "admin": True})
+    assert r.status_code == 201, r.text
+    with httpx.Client(base_url=srv.url(), auth=admin_auth, timeout=20) as root:
+        assert root.post("/v1/admin/users", json={"name": "reader", "password": "reader-pw-1"}).status_code == 201
+        assert root.post("/v1/admin/acl", json={"subject": "reader", "resource": "topic", "pattern": "orders",
+                                                 "actions": ["publish", "subscribe"]}).status_code == 201
+        root.post("/v1/topics/orders/messages", params={"keys": "k1"}, content=b"one")
+        for path in ("/v1/admin/overview", "/v1/admin/groups", "/v1/admin/clients", "/v1/admin/cluster",
+                     "/v1/admin/messages?topic=orders&key=k1"):
+            assert root.get(path).status_code == 200, path
+    anon = httpx.get(srv.url(path="/v1/admin/groups"))
+    assert anon.status_code == 401 and "Basic" in anon.headers["www-authenticate"]
+    assert httpx.post(srv.url(path="/v1/admin/clients/mqtt/x/disconnect")).status_code == 401
+    with httpx.Client(base_url=srv.url(), auth=("reader", "reader-pw-1"), timeout=20) as reader:
+        found = reader.get("/v1/admin/messages", params={"topic": "orders", "key": "k1"})
+        assert found.status_code == 200 and found.json()["items"][0]["body_text"] == "one"
+        for path in ("/v1/admin/groups", "/v1/admin/clients", "/v1/admin/overview"):
+            assert reader.get(path).status_code == 403, path
+        assert reader.post("/v1/admin/groups/g/reset", json={"topic": "orders", "offset": 0}).status_code == 403
+    assert httpx.get(srv.url(path="/ui/")).status_code == 200

@@ -47,7 +47,7 @@ def test_every_admin_action_and_its_exit_codes(unimq_server: Any) -> None:
     assert r.returncode == 0 and {g["group"] for g in json.loads(r.stdout)["items"]} >= {"ledger", "workers"}
     r = admin(srv, "group", "ledger")
     assert r.returncode == 0 and "group ledger: lag 0" in r.stdout
-    assert admin(srv, "group", "nobody").returncode == 3
+    assert admin(srv, "group", "nobody").returncode == 4
 
     r = admin(srv, "reset", "ledger", "--topic", "payments", "--offset", "0")
     assert r.returncode == 0 and "queue" in r.stdout
@@ -55,7 +55,7 @@ def test_every_admin_action_and_its_exit_codes(unimq_server: Any) -> None:
     r = admin(srv, "reset", "ledger", "--topic", "payments", "--time", "2000-01-01T00:00:00Z", "--json")
     assert r.returncode == 0 and all(q["offset"] == 0 for q in json.loads(r.stdout)["queues"])
     assert admin(srv, "reset", "ledger", "--topic", "payments", "--time", "yesterday").returncode == 2
-    assert admin(srv, "reset", "ledger", "--topic", "nope", "--offset", "0").returncode == 3
+    assert admin(srv, "reset", "ledger", "--topic", "nope", "--offset", "0").returncode == 4
     assert admin(srv, "reset", "ledger", "--topic", "payments").returncode == 2  # argparse: --offset or --time
 
     deadline = time.monotonic() + 20
@@ -70,7 +70,7 @@ def test_every_admin_action_and_its_exit_codes(unimq_server: Any) -> None:
     r = admin(srv, "disconnect", "mqtt", "meter-1")
     assert r.returncode == 0 and "disconnected mqtt meter-1" in r.stdout
     dev.loop_stop()
-    assert admin(srv, "disconnect", "mqtt", "meter-1").returncode == 3
+    assert admin(srv, "disconnect", "mqtt", "meter-1").returncode == 4
 
     r = admin(srv, "messages", "search", "--topic", "payments", "--key", "p-2")
     assert r.returncode == 0 and "http" in r.stdout
@@ -79,7 +79,7 @@ def test_every_admin_action_and_its_exit_codes(unimq_server: Any) -> None:
     assert r.returncode == 0 and '"amount": 2' in r.stdout and "protocol: http" in r.stdout
     r = admin(srv, "messages", "show", mid, "--as", "hex")
     assert b'{"amount": 2}'.hex() in r.stdout
-    assert admin(srv, "messages", "search", "--topic", "payments", "--key", "none").returncode == 3
+    assert admin(srv, "messages", "search", "--topic", "payments", "--key", "none").returncode == 4
     assert admin(srv, "messages", "search").returncode == 2
 
     r = admin(srv, "brokers")

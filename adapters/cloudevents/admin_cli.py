@@ -4,28 +4,28 @@ Why over HTTP (``/v1/admin``) like ``unimq topic``: the running server owns the 
 console reads the same API, so whatever the console shows the CLI shows too. Standard library
 only (urllib, via ``admin_client.call``), so ``unimq --help`` stays fast.
 
-Output: aligned tables, or the server's JSON with ``--json``. Exit codes a script can test:
-0 done; 1 the server could not be reached or failed (5xx); 2 bad usage (argparse, or a 400
-from the server); 3 not found (an unknown group, client or message, or a search that found
-nothing); 4 refused otherwise (401/403/409/...).
+Output: aligned tables, or the server's JSON with ``--json``. Credentials and exit codes are
+those of every admin command (``admin_client``: ``--user``/``UNIMQ_USER`` + ``UNIMQ_PASSWORD``
+or ``--api-key``/``UNIMQ_API_KEY``): 0 done; 1 the server could not be reached or failed;
+2 bad usage (argparse, or a 400 from the server); 3 not allowed (401/403); 4 not found (an
+unknown topic, group, client or message, or a search that found nothing); 5 exists (409).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import urllib.error
 import urllib.parse
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
-from .admin_client import DEFAULT_ENDPOINT, ENDPOINT_ENV, call as http_call
+from .admin_client import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, add_common, call, exit_code
 
 __all__ = ["add_parser", "run"]
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REFUSED = 0, 1, 2, 3, 4
+EXIT_FAILED = 1
 API = "/v1/admin"
 
 
@@ -34,10 +34,7 @@ def add_parser(sub: Any) -> None:
     admin = sub.add_parser("admin", help="look at and operate a running unimq (topics, groups, clients, messages)",
                            description="The console's views and actions over the HTTP door's JSON admin API (/v1/admin).")
     shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument("--endpoint", default=os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT,
-                        help=f"the HTTP door's base URL (default: ${ENDPOINT_ENV}, else {DEFAULT_ENDPOINT})")
-    shared.add_argument("--json", action="store_true", help="print the server's JSON answer")
-    shared.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server (default: 10)")
+    add_common(shared, None)
     paged = argparse.ArgumentParser(add_help=False)
     paged.add_argument("--filter", default="", help="only names containing this")
     paged.add_argument("--offset", type=int, default=0)
@@ -235,16 +232,14 @@ def run(args: argparse.Namespace) -> int:
     except SystemExit as e:
         return int(e.code or EXIT_USAGE)
     try:
-        status, body = http_call(args, method, API + path, payload)
+        status, body = call(args, method, API + path, payload)
     except (urllib.error.URLError, OSError) as e:
         print(f"unimq: error: cannot reach {args.endpoint}: {getattr(e, 'reason', e)}", file=sys.stderr)
         return EXIT_FAILED
     if status >= 400:
         err = body if isinstance(body, dict) else {}
         print(f"unimq: error: {err.get('error', status)}: {err.get('message', '')}", file=sys.stderr)
-        if status == 404:
-            return EXIT_NOT_FOUND
-        return EXIT_USAGE if status == 400 else EXIT_FAILED if status >= 500 else EXIT_REFUSED
+        return EXIT_USAGE if status == 400 else exit_code(status)
     found = body.get("items") if isinstance(body, dict) and args.admin_command == "messages" else None
     if found is not None and not found:
         if args.json:

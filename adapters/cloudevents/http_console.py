@@ -14,40 +14,26 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from core_broker.errors import UnimqError
 from core_broker.system_topics import is_system_topic
 from gateway.api import BrokerInfo, ClusterView
+from gateway.auth import Action, Resource
 from gateway.clients import ClientInfo
 
 from . import admin_views as views
-from .http_errors import ApiError, install_error_handlers
+from .http_errors import ApiError
 from .http_models import ERRORS
-from .http_request import ADMIN_CTX, Deps, check_group
+from .http_request import Deps, check_group, request_context
 from .http_responses import json_response
 from .push import PushManager
 
-__all__ = ["PREFIX", "PushClients", "app", "router"]
+__all__ = ["PushClients", "router"]
 
-PREFIX = "/v1/admin"
 MAX_INT = 2**62  # offsets and times: what the store and the RPC carry
-
-
-def app(deps: Deps) -> FastAPI:
-    """The admin API as an app to mount at :data:`PREFIX` (same error shape as the door's)."""
-    from .http_ops import serve_docs
-
-    sub = FastAPI(title="unimq admin", version="1", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
-                  description="The JSON admin API behind the console (`/ui`) and `unimq admin`. Lists take `q`, "
-                              "`offset`, `limit` and answer `{\"total\", \"items\"}`. Errors are "
-                              "`{\"error\": CODE, \"message\": text}`.")
-    install_error_handlers(sub)
-    sub.include_router(router(deps))
-    serve_docs(sub, openapi_url=PREFIX + "/openapi.json", mount_assets=False)
-    return sub
 _LIMIT = Query(50, ge=1, le=1000, description="items per page")
 _OFFSET = Query(0, ge=0, description="items to skip")
 _FILTER = Query("", description="only names containing this")
@@ -111,7 +97,6 @@ def router(deps: Deps) -> APIRouter:
     meter = views.RateMeter()
     controller_addr: str = getattr(state.settings, "http_admin_controller", "")
     r = APIRouter(tags=["admin"])
-    ctx = ADMIN_CTX
 
     async def replicated_groups() -> tuple[list[dict[str, Any]], str | None]:
         """The controller's groups (none without ``http_admin_controller``), or why not."""
@@ -126,9 +111,10 @@ def router(deps: Deps) -> APIRouter:
         return float(state.settings.store.retention_hours)
 
     @r.get("/overview", responses=ERRORS)
-    async def overview() -> Response:
+    async def overview(request: Request) -> Response:
         """Messages in/out (totals and per second) and connections per door, store size and disk
         headroom, brokers, counts of topics and groups."""
+        ctx = request_context(request, "http")
         p = processor()
         totals = views.door_totals(p.metrics.counters)
         flat = {f"{d}/{k}": v for d, c in totals.items() for k, v in c.items() if k in ("messages_in", "messages_out")}
@@ -163,10 +149,11 @@ def router(deps: Deps) -> APIRouter:
         })
 
     @r.get("/topics", responses=ERRORS)
-    async def topics(q: str = _FILTER, offset: int = _OFFSET, limit: int = _LIMIT,
+    async def topics(request: Request, q: str = _FILTER, offset: int = _OFFSET, limit: int = _LIMIT,
                      include_system: bool = Query(False, description="also %DLQ%, %RETRY% and other system topics")
                      ) -> Response:
         """Topics (a page, by name): type, queues with offsets, messages, retention, consumer groups."""
+        ctx = request_context(request, "http")
         p = processor()
         names = sorted(t.name for t in await p.list_topics(ctx, include_system) if q in t.name)
         total, names_page = views.page(names, offset, limit)
@@ -174,8 +161,9 @@ def router(deps: Deps) -> APIRouter:
         return json_response({"total": total, "items": rows})
 
     @r.get("/topics/{topic:path}", responses=ERRORS)
-    async def topic(topic: str = Path(description="topic name")) -> Response:
+    async def topic(request: Request, topic: str = Path(description="topic name")) -> Response:
         """One topic as a row of ``/topics``."""
+        ctx = request_context(request, "http")
         p = processor()
         rows = await views.topic_rows(p, ctx, [topic], await p.consumer_groups(ctx), retention_hours())
         if not rows:
@@ -183,9 +171,10 @@ def router(deps: Deps) -> APIRouter:
         return json_response(rows[0])
 
     @r.get("/groups", responses=ERRORS)
-    async def groups(q: str = _FILTER, offset: int = _OFFSET, limit: int = _LIMIT,
+    async def groups(request: Request, q: str = _FILTER, offset: int = _OFFSET, limit: int = _LIMIT,
                      topic: str = Query("", description="only groups consuming this topic")) -> Response:
         """Consumer groups (a page): topics, lag, in flight, retry backlog, dead letters."""
+        ctx = request_context(request, "http")
         p = processor()
         all_groups = views.group_rows(await p.consumer_groups(ctx))
         picked = [g for name, g in sorted(all_groups.items())
@@ -195,8 +184,9 @@ def router(deps: Deps) -> APIRouter:
         return json_response({"total": total, "items": [{k: v for k, v in g.items() if k != "queues"} for g in rows]})
 
     @r.get("/groups/{group}", responses=ERRORS)
-    async def group(group: str = Path(description="consumer group")) -> Response:
+    async def group(request: Request, group: str = Path(description="consumer group")) -> Response:
         """One group with its queues: consumer offset, max offset, lag, in flight."""
+        ctx = request_context(request, "http")
         p = processor()
         g = views.group_rows(await p.consumer_groups(ctx)).get(group)
         if g is None:
@@ -205,9 +195,10 @@ def router(deps: Deps) -> APIRouter:
         return json_response(g)
 
     @r.post("/groups/{group}/reset", responses=ERRORS)
-    async def reset(body: ResetIn, group: str = Path(description="consumer group")) -> Response:
+    async def reset(request: Request, body: ResetIn, group: str = Path(description="consumer group")) -> Response:
         """Move a group on a topic (``queue_id`` for one queue, else all) to ``offset`` or to the
         first message stored at or after ``timestamp_ms``; messages after it are delivered again."""
+        ctx = request_context(request, "http")
         check_group(group)
         if (body.offset is None) == (body.timestamp_ms is None):
             raise ApiError(400, "BAD_REQUEST", "give exactly one of 'offset' and 'timestamp_ms'")
@@ -217,9 +208,10 @@ def router(deps: Deps) -> APIRouter:
                               "queues": [{"queue_id": q, "offset": o} for q, o in moved]})
 
     @r.post("/groups/{group}/resend-dlq", responses=ERRORS)
-    async def resend(body: ResendIn | None = None, group: str = Path(description="consumer group")) -> Response:
+    async def resend(request: Request, body: ResendIn | None = None, group: str = Path(description="consumer group")) -> Response:
         """Send the group's dead letters (``%DLQ%<group>``) again to ``topic`` (default: the one
         topic the group consumes), at most ``max`` (100); each leaves the dead-letter topic."""
+        ctx = request_context(request, "http")
         check_group(group)
         body = body or ResendIn()
         p = processor()
@@ -236,20 +228,21 @@ def router(deps: Deps) -> APIRouter:
         return json_response({"group": group, "topic": topic, "resent": sent})
 
     @r.get("/clients", responses=ERRORS)
-    async def clients(door: str = Query("", description="mqtt, amqp, grpc or http (push subscriptions)"),
+    async def clients(request: Request, door: str = Query("", description="mqtt, amqp, grpc or http (push subscriptions)"),
                       q: str = _FILTER, offset: int = _OFFSET, limit: int = _LIMIT) -> Response:
         """Clients of every door (a page): MQTT sessions with subscriptions, AMQP connections with
         channels, gRPC clients, push subscriptions; and open connections per door."""
-        processor()
+        ctx = request_context(request, "http")
+        processor().authorize(ctx, Action.ADMIN, Resource.CLUSTER, "clients")
         pg = state.clients.page(door, q, offset, limit)
         return json_response({"total": pg.total, "items": [c.to_json() for c in pg.clients],
                               "connections": state.clients.connections()})
 
     @r.post("/clients/{door}/{client_id:path}/disconnect", responses=ERRORS)
-    async def disconnect(door: str = Path(description="mqtt, amqp or grpc"),
+    async def disconnect(request: Request, door: str = Path(description="mqtt, amqp or grpc"),
                          client_id: str = Path(description="the client id (AMQP: the peer address)")) -> Response:
         """Close a client's connection (an MQTT session stays; its will is published)."""
-        processor()
+        processor().authorize(request_context(request, "http"), Action.ADMIN, Resource.CLUSTER, "clients")
         source = state.clients.source(door)
         if source is None:
             raise ApiError(404, "NOT_FOUND", f"no door {door!r} here")
@@ -258,13 +251,14 @@ def router(deps: Deps) -> APIRouter:
         return json_response({"door": door, "client_id": client_id, "disconnected": True})
 
     @r.get("/messages", responses=ERRORS)
-    async def messages(id: str = Query("", description="a message id"),
+    async def messages(request: Request, id: str = Query("", description="a message id"),
                        key: str = Query("", description="a message key (with topic)"),
                        topic: str = Query("", description="the topic to search by key or time"),
                        begin_ms: int = Query(0, ge=0, le=MAX_INT), end_ms: int = Query(MAX_INT, ge=0, le=MAX_INT),
                        max: int = Query(32, ge=1, le=1000)) -> Response:
         """Find messages by id, by key (in a topic), or by store time (in a topic): body as text,
         JSON and hex, properties, and the door it came in by (``protocol``)."""
+        ctx = request_context(request, "http")
         p = processor()
         if id:
             m = await p.query_message_by_id(ctx, id)
@@ -278,9 +272,10 @@ def router(deps: Deps) -> APIRouter:
         return json_response({"items": [views.message_view(m) for m in found]})
 
     @r.get("/cluster", responses=ERRORS)
-    async def cluster() -> Response:
+    async def cluster(request: Request) -> Response:
         """Nameservers, brokers (writable, replicated, live) and, with ``http_admin_controller``
         set, each replicated group's master and in-sync set from the controller."""
+        ctx = request_context(request, "http")
         p = processor()
         view = ClusterView(*await p.cluster(ctx))
         groups, error = await replicated_groups()
