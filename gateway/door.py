@@ -73,17 +73,23 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def bind_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
+def bind_socket(host: str, port: int, backlog: int = 1024, reuse_port: bool = False) -> socket.socket:
     """Bind and listen on (host, port) ourselves, so that port 0 yields a known real port.
 
     Also reports a port already in use as a :class:`ListenError` here, instead of
-    letting a server library log it and call sys.exit.
+    letting a server library log it and call sys.exit. With ``reuse_port``
+    (``SO_REUSEPORT``, Linux and the BSDs) several processes bind the same port and
+    the kernel spreads new connections over them; every one of them must ask for it.
     """
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, socktype, proto, _, addr = infos[0]
     sock = socket.socket(family, socktype, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            if not hasattr(socket, "SO_REUSEPORT"):
+                raise OSError(errno.EOPNOTSUPP, "SO_REUSEPORT is not available on this system")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(addr)
@@ -137,12 +143,18 @@ class DoorSettings:
     # for one: none | optional (verified when given) | required (no certificate, no TLS).
     tls_client_ca: str = ""
     tls_verify_client: str = "none"
+    # SO_REUSEPORT on the MQTT (TCP, WebSocket, TLS), HTTP and gRPC listeners: several gateway
+    # processes on one host serve the same ports, the kernel spreading connections over them.
+    # Not the AMQP door's: a queue's buffer and cursor live in one process.
+    reuse_port: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"host must be a non-empty string, got {self.host!r}")
         check_tls_pair("", self.tls_cert, self.tls_key)
         check_verify_client(self.tls_verify_client, self.tls_client_ca)
+        if not isinstance(self.reuse_port, bool):
+            raise ValueError(f"reuse_port must be true or false, got {self.reuse_port!r}")
 
     def tls_files(self, cert: str, key: str) -> TlsFiles | None:
         """A door's TLS files: its own certificate pair, else the shared one; None: plaintext."""

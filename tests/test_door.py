@@ -40,6 +40,40 @@ def test_bind_socket_on_a_taken_port_names_the_address(busy_port: int) -> None:
     assert str(info.value) == f"127.0.0.1:{busy_port} is already in use"
 
 
+def test_bind_socket_reuse_port_shares_a_port_between_listeners() -> None:
+    """Two listeners that both ask for SO_REUSEPORT share a port, and the kernel hands each of
+    them connections; a third without it is refused as in use."""
+    import socket
+
+    first = bind_socket("127.0.0.1", 0, reuse_port=True)
+    port = first.getsockname()[1]
+    second = bind_socket("127.0.0.1", port, reuse_port=True)
+    try:
+        with pytest.raises(ListenError) as info:
+            bind_socket("127.0.0.1", port)
+        assert info.value.in_use
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(32)]
+        accepted = []
+        for lst in (first, second):
+            lst.setblocking(True)
+            lst.settimeout(0.5)
+            n = 0
+            while True:
+                try:
+                    conn, _ = lst.accept()
+                except (socket.timeout, BlockingIOError):
+                    break
+                conn.close()
+                n += 1
+            accepted.append(n)
+        for c in clients:
+            c.close()
+        assert sum(accepted) == 32 and all(accepted), accepted
+    finally:
+        first.close()
+        second.close()
+
+
 def test_format_address_brackets_ipv6() -> None:
     assert format_address("::1", 80) == "[::1]:80"
     assert format_address("127.0.0.1", 80) == "127.0.0.1:80"

@@ -1,8 +1,8 @@
 """``unimq cluster up``: a replicated unimq on one machine, for trying it out (issue 16).
 
 Three nameservers, each with a controller node (one Raft group), ``--groups`` broker groups of
-``--replicas`` members (``--min-insync-replicas`` acknowledging), and one gateway with every door
-on the usual ports, each a process of its own with its own port and data folder under
+``--replicas`` members (``--min-insync-replicas`` acknowledging), and ``--gateways`` gateways (one by
+default) sharing every door's usual port but AMQP's (SO_REUSEPORT, ``--reuse-port``), each a process of its own with its own port and data folder under
 ``--data-dir``, started with the documented commands (``unimq nameserver --controller``,
 ``unimq broker --group``, ``unimq gateway``). Ctrl-C (or SIGTERM) stops them all, gateway first,
 nameservers last. Kill a master (its PID is printed) and watch ``unimq cluster status``.
@@ -31,6 +31,8 @@ def add_parser(actions: Any) -> None:
     up.add_argument("--groups", type=int, default=1, help="broker groups (default 1)")
     up.add_argument("--replicas", type=int, default=3, help="members per group, master included (default 3)")
     up.add_argument("--min-insync-replicas", type=int, default=2, help="members that acknowledge a put (default 2)")
+    up.add_argument("--gateways", type=int, default=1,
+                    help="gateway processes sharing the MQTT, HTTP and gRPC ports (SO_REUSEPORT; default 1)")
     up.add_argument("--flush", choices=["async", "sync"], default="sync")
     for door, port in (("http", 8080), ("grpc", 8081), ("mqtt", 1883), ("amqp", 5672)):
         up.add_argument(f"--{door}-port", type=int, default=port, help=f"the gateway's {door} door (default {port})")
@@ -48,6 +50,9 @@ def _free_port() -> int:
 def run(args: argparse.Namespace) -> int:
     if not 1 <= args.min_insync_replicas <= args.replicas:
         print("unimq: error: --min-insync-replicas must be between 1 and --replicas", file=sys.stderr)
+        return 2
+    if args.gateways < 1:
+        print("unimq: error: --gateways must be at least 1", file=sys.stderr)
         return 2
     root: Path = args.data_dir
     root.mkdir(parents=True, exist_ok=True)
@@ -88,13 +93,9 @@ def run(args: argparse.Namespace) -> int:
             for g in range(args.groups) for m in range(args.replicas)
         ])
         procs += brokers
-        gateway = start_proc("gateway", [
-            "gateway", "--namesrv", namesrv, "--rpc-port", "0", "--http-port", str(args.http_port),
-            "--grpc-port", str(args.grpc_port), "--mqtt-port", str(args.mqtt_port), "--amqp-port",
-            str(args.amqp_port), "--mqtt-ws-port", str(args.mqtt_ws_port), *auth,
-            # the console's cluster page and /metrics ask these controllers for the groups
-            f"--set=http_admin_controller={controllers}"])
-        procs.append(gateway)
+        gateways = _start_parallel(_gateway_specs(args, namesrv, auth, controllers))
+        procs += gateways
+        gateway = gateways[0]
         for p in procs:
             ports = ", ".join(f"{k} {v}" for k, v in sorted(p.ports.items()))
             print(f"unimq: {p.name} (pid {p.popen.pid}): {ports}", flush=True)
@@ -118,6 +119,31 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean stop short
         for p in reversed(procs):  # gateway, brokers, nameservers
             p.stop()
+
+
+def _gateway_specs(args: argparse.Namespace, namesrv: str, auth: list[str],
+                   controllers: str) -> list[tuple[str, list[str]]]:
+    """The gateways' command lines: one alone as before; several share the MQTT, HTTP and gRPC
+    ports (a port 0 asked for is picked once here: 0 itself cannot be shared) and only the first
+    serves AMQP on its port (an AMQP queue lives in one process; the others pick a free one)."""
+    n = args.gateways
+
+    def shared(port: int) -> int:
+        return _free_port() if n > 1 and port == 0 else port
+
+    http, grpc, mqtt = shared(args.http_port), shared(args.grpc_port), shared(args.mqtt_port)
+    ws = shared(args.mqtt_ws_port) if args.mqtt_ws_port >= 0 else -1
+    specs = []
+    for i in range(n):
+        argv = ["gateway", "--namesrv", namesrv, "--rpc-port", "0", "--http-port", str(http), "--grpc-port",
+                str(grpc), "--mqtt-port", str(mqtt), "--amqp-port", str(args.amqp_port if i == 0 else 0),
+                "--mqtt-ws-port", str(ws), *auth,
+                # the console's cluster page and /metrics ask these controllers for the groups
+                f"--set=http_admin_controller={controllers}"]
+        if n > 1:
+            argv.append("--reuse-port")
+        specs.append(("gateway" if n == 1 else f"gateway-{i + 1}", argv))
+    return specs
 
 
 def _start_parallel(specs: list[tuple[str, list[str]]]) -> list[Proc]:

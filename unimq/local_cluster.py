@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -99,11 +100,22 @@ def write_toml(path: Path, top: dict, tables: dict[str, dict]) -> Path:
     return path
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now (for listeners several processes share: port 0 cannot be shared)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 class Cluster:
+    """``shared_mqtt_port``: every gateway serves MQTT on this one port (SO_REUSEPORT), each
+    keeping its own free HTTP, gRPC and AMQP ports (so each one's /metrics can be read)."""
+
     def __init__(self, root: Path, brokers: int = 2, gateways: int = 2, lease_s: float = 120.0,
                  heartbeat_s: float = 30.0, extra_broker_args: list[str] | None = None,
                  broker_toml: Path | None = None, gateway_toml: Path | None = None,
-                 cluster_secret: str | None = None, common_args: list[str] | None = None) -> None:
+                 cluster_secret: str | None = None, common_args: list[str] | None = None,
+                 shared_mqtt_port: int | None = None) -> None:
         """``cluster_secret``: every process proves it on the internal RPC (written to a file under
         ``root``, passed as --cluster-secret-file); ``common_args`` go to every process."""
         self.root = root
@@ -119,6 +131,7 @@ class Cluster:
             secret_file = root / "cluster.secret"
             secret_file.write_text(cluster_secret)
             self.common_args += ["--cluster-secret-file", str(secret_file)]
+        self.shared_mqtt_port = shared_mqtt_port
         self.nameserver: Proc | None = None
         self.brokers: dict[str, Proc] = {}
         self.gateways: list[Proc] = []
@@ -149,10 +162,17 @@ class Cluster:
                                  "--namesrv", self.namesrv, "--name", name, "--heartbeat-s", str(self.heartbeat_s),
                                  *self.extra_broker_args, *self.common_args])
 
-    def _spawn_gateway(self) -> Proc:
+    def _spawn_gateway(self, shared_mqtt_port: int | None = None) -> Proc:
+        """A gateway on free ports; with ``shared_mqtt_port`` (or the cluster's) its MQTT port is
+        that one, shared with SO_REUSEPORT (and no MQTT over WebSocket: only one port is shared)."""
         cfg = ["--config", str(self.gateway_toml)] if self.gateway_toml else []
+        shared = shared_mqtt_port if shared_mqtt_port is not None else self.shared_mqtt_port
+        if shared is None:
+            mqtt = ["--mqtt-port", "0"]
+        else:
+            mqtt = ["--mqtt-port", str(shared), "--mqtt-ws-port", "-1", "--reuse-port"]
         return start_proc("gateway", ["gateway", *cfg, "--namesrv", self.namesrv, "--rpc-port", "0",
-                                      "--http-port", "0", "--mqtt-port", "0", "--amqp-port", "0", "--grpc-port", "0",
+                                      "--http-port", "0", *mqtt, "--amqp-port", "0", "--grpc-port", "0",
                                       *self.common_args])
 
     def start_broker(self, name: str) -> Proc:

@@ -38,7 +38,7 @@ class HttpDoor:
         files = settings.tls_files(settings.http_tls_cert, settings.http_tls_key)
         # HTTPS: uvicorn serves the door's own context (the one SIGHUP reloads, gateway.tls)
         tls = self._state.server_tls(files, "HTTPS door") if files is not None else None
-        sock = bind_socket(settings.host, settings.http_port)
+        sock = bind_socket(settings.host, settings.http_port, reuse_port=settings.reuse_port)
         config = uvicorn.Config(
             create_app(self._state),
             log_level="warning",

@@ -85,13 +85,14 @@ class MQTTDoor:
         settings = getattr(state, "settings", None)
         self.host = host if host is not None else settings.host
         self.port = port if port is not None else settings.mqtt_port
+        self.reuse_port = bool(getattr(settings, "reuse_port", False))
         self.broker = broker or MQTTBroker(state.processor, door_config(settings), getattr(state, "identities", None),
                                            getattr(settings, "allow_anonymous", True))
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> tuple[str, int]:
         await self.broker.start()
-        sock = bind_socket(self.host, self.port, backlog=4096)
+        sock = bind_socket(self.host, self.port, backlog=4096, reuse_port=self.reuse_port)
         loop = asyncio.get_running_loop()
         broker = self.broker
         self._server = await loop.create_server(lambda: _TcpProtocol(broker), sock=sock)
@@ -120,13 +121,14 @@ class MQTTTlsDoor:
         settings = state.settings
         self.host = host if host is not None else settings.host
         self.port = port if port is not None else (settings.mqtt_tls_port or 8883)
+        self.reuse_port = bool(getattr(settings, "reuse_port", False))
         self.broker = broker
         self._state = state
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> tuple[str, int]:
         tls = self._state.server_tls(self._state.settings.mqtt_tls_files(), "MQTT over TLS door")
-        sock = bind_socket(self.host, self.port, backlog=4096)
+        sock = bind_socket(self.host, self.port, backlog=4096, reuse_port=self.reuse_port)
         broker = self.broker
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _TcpProtocol(broker), sock=sock, ssl=tls.context,
@@ -197,6 +199,7 @@ class MQTTWebSocketDoor:
         self._state = state
         self.host = host if host is not None else settings.host
         self.port = port if port is not None else settings.mqtt_ws_port
+        self.reuse_port = bool(getattr(settings, "reuse_port", False))
         self.broker = broker
         self.secure = secure
         if secure:
@@ -210,7 +213,7 @@ class MQTTWebSocketDoor:
         if self.secure:
             ssl_context = self._state.server_tls(self._state.settings.mqtt_tls_files(),
                                                  "MQTT over secure WebSocket door").context
-        sock = bind_socket(self.host, self.port)
+        sock = bind_socket(self.host, self.port, reuse_port=self.reuse_port)
         self._server = await serve(
             self._handler,
             sock=sock,

@@ -155,7 +155,8 @@ class GrpcDoor:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
+                # a port in use is an error, not a shared port, unless several gateways share it
+                ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ]

@@ -54,6 +54,8 @@ def add_door_port_flags(p: argparse.ArgumentParser) -> None:
     for flag, dest, what, default in DOOR_PORT_FLAGS:
         p.add_argument(flag, dest=dest, type=port_or_off_arg if dest == "mqtt_ws_port" else port_arg, metavar="N",
                        help=f"{what} port, 0 = pick a free one (default: {default or getattr(defaults, dest)})")
+    p.add_argument("--reuse-port", dest="reuse_port", action="store_const", const=True, default=None,
+                   help="SO_REUSEPORT on the MQTT, HTTP and gRPC listeners: several gateways share their ports")
 
 
 def add_tls_flags(p: argparse.ArgumentParser) -> None:
