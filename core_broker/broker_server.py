@@ -36,7 +36,8 @@ REMOTE_METHODS = [
     "ping", "set_perm", "create_topic", "update_topic", "delete_topic", "get_topic", "list_topics",
     "describe_topic", "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
     "commit_offset", "get_offset", "query_offset", "query_by_id", "query_by_key", "kv_put", "kv_get",
-    "kv_items", "kv_get_versioned", "kv_items_versioned", "poll_transaction_checks", "transaction_check_outcome",
+    "kv_items", "kv_get_versioned", "kv_items_versioned", "door_watch", "door_notify", "poll_transaction_checks",
+    "transaction_check_outcome",
     "consumer_lag", "store_stats", "group_queues", "reset_offset", "repl_hello", "repl_fetch", "repl_state",
     "read_table", "compact_topic",
 ]
@@ -317,6 +318,14 @@ class BrokerServer:
 
     def kv_items_versioned(self, namespace):
         return {k: list(v) for k, v in self.controller.kv_items_versioned(namespace).items()}
+
+    async def door_watch(self, gateway, namespaces, incarnation, seq, timeout_s):
+        r = await self.controller.door_watch(gateway, namespaces, incarnation, seq, timeout_s)
+        r["kv"] = {ns: {k: list(v) for k, v in items.items()} for ns, items in r["kv"].items()}
+        return r
+
+    def door_notify(self, gateway, notes):
+        self.controller.door_notify(gateway, notes)
 
     def consumer_lag(self) -> list[tuple[str, str, int]]:
         return self.controller.consumer_lag()

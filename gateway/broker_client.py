@@ -154,6 +154,9 @@ class BrokerClient(Protocol):
     async def kv_put(self, namespace: str, key: str, value: bytes | None) -> None: ...
     async def kv_get(self, namespace: str, key: str) -> bytes | None: ...
     async def kv_items(self, namespace: str) -> dict[str, bytes]: ...
+    async def door_watch(self, broker: str, gateway: str, namespaces: list[str], incarnation: str, seq: int,
+                         timeout_s: float) -> dict[str, Any]: ...
+    async def door_notify(self, broker: str, gateway: str, notes: list[Any]) -> None: ...
 
     # -- observability
     async def consumer_lag(self) -> list[tuple[str, str, int]]: ...
@@ -315,6 +318,13 @@ class LocalBrokerClient:
 
     async def kv_items(self, namespace: str) -> dict[str, bytes]:
         return self.broker.kv_items(namespace)
+
+    async def door_watch(self, broker: str, gateway: str, namespaces: list[str], incarnation: str, seq: int,
+                         timeout_s: float) -> dict[str, Any]:
+        return await self._check(broker).door_watch(gateway, namespaces, incarnation, seq, timeout_s)
+
+    async def door_notify(self, broker: str, gateway: str, notes: list[Any]) -> None:
+        self._check(broker).door_notify(gateway, notes)
 
     # -- observability
     async def consumer_lag(self) -> list[tuple[str, str, int]]:

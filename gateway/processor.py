@@ -43,6 +43,7 @@ from .api import (
 from .auth import Action, AllowAll, Authorizer, ForbiddenError, Resource, UnauthorizedError
 from .broker_client import BrokerClient, RawPage, TopicRoute
 from .context import RequestContext
+from .door_watch import DoorWatchCalls
 from .metrics import Metrics
 from .namespace import namespaced_calls
 from .processor_admin import AdminCalls
@@ -60,7 +61,7 @@ _PUB, _SUB, _TOPIC, _GROUP = Action.PUBLISH, Action.SUBSCRIBE, Resource.TOPIC, R
 
 
 @namespaced_calls
-class MessagingProcessor(AdminCalls):
+class MessagingProcessor(AdminCalls, DoorWatchCalls):
     """The processor API (gateway/api.py :class:`MessagingAPI`) over a broker client.
 
     Namespaces are applied to every call of the API by the class decorator

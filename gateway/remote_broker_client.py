@@ -544,6 +544,16 @@ class RemoteBrokerClient:
                     self._kv_repair([b], namespace, k, v, val)
         return {k: val for k, (v, val) in merged.items() if val is not None}
 
+    async def door_watch(self, broker: str, gateway: str, namespaces: list[str], incarnation: str, seq: int,
+                         timeout_s: float) -> dict[str, Any]:
+        r = await self._call(broker, "door_watch", gateway, namespaces, incarnation, seq, timeout_s,
+                             rpc_timeout=timeout_s + 10.0)
+        r["kv"] = {ns: {k: (v[0], v[1]) for k, v in items.items()} for ns, items in r["kv"].items()}
+        return r
+
+    async def door_notify(self, broker: str, gateway: str, notes: list[Any]) -> None:
+        await self._call(broker, "door_notify", gateway, notes)
+
     # ------------------------------------------------------------------ observability
 
     async def _every_broker(self, method: str) -> list[Any]:

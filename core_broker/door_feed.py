@@ -1,0 +1,111 @@
+"""The door-state feed: what changed in the doors' key-value state, and notes between gateways.
+
+Why: several gateways serve one set of MQTT sessions (issue 21). Each keeps in memory
+what it routes by (sessions' subscriptions, retained messages), so it must learn of
+another gateway's writes; and a gateway that stored a message into the queue of a
+session connected at another gateway must tell that gateway to read it. Brokers are
+what every gateway already talks to, and they see every door-state write, so the
+feed is theirs: a gateway long-polls :meth:`DoorFeed.watch` on every broker with the
+sequence number it has seen, and gets the keys changed since (with their versioned
+values, read by the caller), plus the notes other gateways left for it
+(:meth:`DoorFeed.notify`). Brokers need not know gateways' addresses.
+
+In memory only, by design: a broker's feed starts again with a new ``incarnation``
+after a restart (or a promotion), and a watcher that sees another incarnation than it
+knew is given everything (``full``). Notes are hints (read this queue now): a lost
+note delays a delivery until the session's next wake, never loses a stored message.
+Hand-written because it is thirty lines over the broker's own state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+__all__ = ["DoorFeed", "MAX_NOTES"]
+
+MAX_NOTES = 100_000  # per gateway: one that never comes back must not fill memory
+
+
+class DoorFeed:
+    """Sequence-numbered door-state changes and per-gateway notes, for long-polling gateways."""
+
+    __slots__ = ("incarnation", "seq", "changed", "notes", "watchers", "_waiters")
+
+    def __init__(self) -> None:
+        self.incarnation = secrets.token_hex(8)
+        self.seq = 0
+        self.changed: dict[str, OrderedDict[str, int]] = {}  # namespace -> key -> seq of its last change
+        self.notes: dict[str, deque[Any]] = {}  # gateway id -> notes left for it
+        self.watchers: dict[str, float] = {}  # gateway id -> when its last watch call ended
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    def kv_changed(self, namespace: str, key: str) -> None:
+        self.seq += 1
+        od = self.changed.get(namespace)
+        if od is None:
+            od = self.changed[namespace] = OrderedDict()
+        od[key] = self.seq
+        od.move_to_end(key)
+        self._wake()
+
+    def notify(self, gateway: str, notes: list[Any]) -> None:
+        q = self.notes.get(gateway)
+        if q is None:
+            q = self.notes[gateway] = deque(maxlen=MAX_NOTES)
+        q.extend(notes)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiters:
+            for f in self._waiters:
+                if not f.done():
+                    f.set_result(None)
+            self._waiters.clear()
+
+    def since(self, namespaces: list[str], seq: int) -> dict[str, list[str]]:
+        """Keys of ``namespaces`` changed after ``seq`` (newest change last)."""
+        out: dict[str, list[str]] = {}
+        for ns in namespaces:
+            od = self.changed.get(ns)
+            if not od:
+                continue
+            keys = []
+            for k, s in reversed(od.items()):
+                if s <= seq:
+                    break
+                keys.append(k)
+            if keys:
+                out[ns] = keys[::-1]
+        return out
+
+    def live(self, gateway: str, within_s: float) -> list[str]:
+        """The gateways polling this feed (``gateway`` now, the others within ``within_s``)."""
+        now = time.monotonic()
+        self.watchers[gateway] = now
+        gone = [g for g, at in self.watchers.items() if now - at > max(within_s, 60.0)]
+        for g in gone:
+            del self.watchers[g]
+            self.notes.pop(g, None)  # nobody will take them
+        return [g for g, at in self.watchers.items() if now - at <= within_s]
+
+    async def wait(self, gateway: str, namespaces: list[str], seq: int, timeout_s: float) -> None:
+        """Until something for ``gateway`` is newer than ``seq``, or ``timeout_s`` passed."""
+        self.watchers[gateway] = time.monotonic()
+        if self.notes.get(gateway) or self.since(namespaces, seq):
+            return
+        f: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(f)
+        try:
+            await asyncio.wait_for(f, timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._waiters.discard(f)
+
+    def take_notes(self, gateway: str) -> list[Any]:
+        q = self.notes.pop(gateway, None)
+        return list(q) if q else []
