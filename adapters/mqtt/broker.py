@@ -45,6 +45,7 @@ from .codec import MQTTProtocolError, encode
 from .config import MQTTConfig
 from .connection import Connection
 from .delivery import Delivery
+from .fleet import Fleet
 from .mapping import (
     P_EXPIRY_AT,
     P_MQTT_CLIENT_ID,
@@ -117,6 +118,8 @@ class MQTTBroker:
                                       list[SharedGroup]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.sys = SysTopics(self, cfg.sys_interval_s, _version())
+        self.fleet = Fleet(self)  # several gateways sharing these sessions
+        self.session_store.gid = self.fleet.gid if self.fleet.enabled else None
 
     # -- lifecycle
 
@@ -130,6 +133,7 @@ class MQTTBroker:
             self.processor.set_authorizer(AllOf(self._outer_authorizer, self.topic_acl))
         await self._load()
         self.delivery.start()
+        self.fleet.start()
         self.sys.start()
         self.processor.add_router(self)  # messages other doors send on MQTT topics
 
@@ -160,6 +164,7 @@ class MQTTBroker:
         if self.identities is not None and self._identities_changed in self.identities.listeners:
             self.identities.listeners.remove(self._identities_changed)
         self.processor.remove_router(self)
+        await self.fleet.stop()
         await self.sys.stop()
         for conn in list(self.connections):
             conn.close(C.RC_SERVER_SHUTTING_DOWN, "server shutting down", publish_will=False)
@@ -208,7 +213,44 @@ class MQTTBroker:
 
     def _expire(self, s: Session) -> None:
         if s.conn is None and self.sessions.get(s.client_id) is s:
+            if self.fleet.remote(s) and self.fleet.alive(s.owner):  # type: ignore[arg-type]
+                return  # online at another gateway: its expiry is armed when it goes offline there
             self.spawn(self.end_session(s))
+
+    # -- sessions other gateways own (fleet.py)
+
+    def adopt(self, s: Session) -> None:
+        """Take in a routing copy of a session another gateway owns: its subscriptions are routed
+        into (their LMQs exist), nothing of it is read or written here."""
+        self.sessions[s.client_id] = s
+        for sub in s.subs.values():
+            if not sub.group:  # shared groups stay per gateway
+                sub.lmq_ready = sub.lmq is not None
+                self.routing.index(sub)
+        if not s.online:
+            self.session_store.arm_expiry(s, self._expire)
+
+    async def adopt_owned(self, s: Session, brokers: list[str]) -> None:
+        """Take in a session this gateway now owns, as stored by its last owner: every broker's
+        lane of each subscription is read from its committed floor."""
+        self.sessions[s.client_id] = s
+        for sub in s.subs.values():
+            self.routing.index(sub)
+            if sub.lmq and not sub.group:
+                sub.lmq_ready = True
+                await self.delivery.restore_lanes(s, sub, brokers)
+
+    def drop_copy(self, s: Session) -> None:
+        """Forget ``s`` here only (another gateway owns or ended it): no LMQ or record is touched."""
+        self.session_store.remove(s)
+        self.wills.cancel(s)
+        s.inflight.clear()
+        for sub in s.subs.values():
+            self._unindex_sub(s, sub)  # (a copy's shared subscriptions were not indexed: a no-op)
+        for key in list(s.cursors):
+            self.delivery.drop_lane(s, key)
+        s.pending.clear()
+        s.dirty.clear()
 
     async def end_session(self, s: Session) -> None:
         """Discard a session: subscriptions, LMQs, durable record, shared in-flight messages."""
@@ -399,6 +441,8 @@ class MQTTBroker:
             outs.append(out)
         codes: list[int]
         delivery = self.delivery
+        fleet = self.fleet
+        gid = fleet.gid
         try:
             results = await self.processor.send(ctx, msgs)
             codes = [0 if p.matched else C.RC_NO_MATCHING_SUBSCRIBERS for p in plans]
@@ -412,6 +456,10 @@ class MQTTBroker:
                     if sub is None:
                         continue
                     s = sub.session
+                    if s.owner is not gid and s.owner is not None and s.owner != gid:
+                        if s.online:  # online at another gateway: tell it to read its lane
+                            fleet.note(res.broker, s, sub.lmq)  # type: ignore[arg-type]
+                        continue  # otherwise it waits in the store for its owner
                     if offsets is not None:
                         delivery.offer(s, sub, out, offsets[j], res.broker)  # type: ignore[arg-type]
                     else:  # no offsets (a remote broker that does not report them): read the store
@@ -433,6 +481,7 @@ class MQTTBroker:
                     conn.deliver(out, 0, sub.rap and out.retain, sub_ids(sub.session, out.topic, sub))
         for s in wake:
             delivery.wake(s)
+        fleet.flush_notes()
         for g in wake_groups:
             self.shared.wake(g)
         delivery.count_out()
@@ -499,6 +548,10 @@ class MQTTBroker:
             extra = list(m.extra_dispatch)
             offsets = res.extra_offsets
             for sub, t in lmq_subs:
+                if not self.fleet.owns(sub.session):
+                    if self.fleet.remote(sub.session):
+                        self.fleet.note(res.broker, sub.session, sub.lmq)  # type: ignore[arg-type]
+                    continue
                 try:
                     off = offsets[extra.index(t)]
                 except (ValueError, IndexError):
@@ -517,6 +570,7 @@ class MQTTBroker:
                         member.session.conn.deliver(out, 0, False, member_sub_ids(member))
                 else:
                     self.shared.wake(g)
+        self.fleet.flush_notes()
         delivery.count_out()
 
     # -- connection lifecycle
@@ -559,7 +613,10 @@ class MQTTBroker:
             expiry = min(props.get("session_expiry_interval", 0), cfg.max_session_expiry)
         else:
             expiry = 0 if pkt.clean_start else SESSION_NEVER_EXPIRES
-        # takeover
+        # another gateway's session comes here first (fleet.py), then the takeover here
+        await self.fleet.claim(cid)
+        if conn.closed:
+            return
         old = self.sessions.get(cid)
         if old is not None and old.conn is not None:
             oc = old.conn
@@ -592,6 +649,7 @@ class MQTTBroker:
             else:
                 self.session_store.arm_expiry(s, self._expire)
             return
+        self.fleet.new_owner(s)
         conn.attach(s, pkt)
         # CONNACK
         cprops: dict[str, Any] = {}
@@ -611,6 +669,7 @@ class MQTTBroker:
                 cprops["server_keep_alive"] = conn.keepalive
         conn.send(encode(C.Connack(present, 0, cprops), pkt.protocol_level))
         self.connections.add(conn)
+        self.processor.metrics.inc("connections", "mqtt")
         if s.persistent:
             s.disconnected_at = 0
             await self.session_store.save(s)
@@ -645,4 +704,10 @@ class MQTTBroker:
             self.spawn(self.forget_session(s))
         else:
             self.session_store.arm_expiry(s, self._expire)
-            self.spawn(self.session_store.save(s))
+            self.spawn(self._save_offline(s))
+
+    async def _save_offline(self, s: Session) -> None:
+        """A persistent session went offline: its acknowledged floors first, then its record, so
+        a gateway that takes it from the record does not send acknowledged messages again."""
+        await self.delivery.commit_offsets()
+        await self.session_store.save(s)

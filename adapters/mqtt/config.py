@@ -45,3 +45,6 @@ class MQTTConfig:
     mem_queue_bytes: int = 256 * 1024 * 1024
     # Seconds between two rounds of $SYS/broker/... statistics (see sys_topics.py); 0: none.
     sys_interval_s: float = 10.0
+    # Several gateways: how long a CONNECT waits for the gateway holding the session online
+    # to hand it over (fleet.py) before taking it as last stored.
+    takeover_timeout_s: float = 3.0

@@ -42,17 +42,23 @@ class RetainedStore:
 
     async def load(self) -> None:
         """Read back what was retained before a restart (expired ones dropped)."""
-        now = now_ms()
         for topic, raw in (await self.processor.kv_items(self.ctx, KV_RETAINED)).items():
-            try:
-                d = json.loads(raw)
-                out = outgoing_from_stored(d["x"], base64.b64decode(d["b"]), topic)
-            except (ValueError, KeyError, TypeError):
-                log.warning("dropping unreadable retained message for %r", topic)
-                continue
-            if not out.expired(now):
-                out.ut = unified_topic_of_mqtt(topic)
-                self.messages[topic] = out
+            self.apply(topic, raw)
+
+    def apply(self, topic: str, raw: bytes | None) -> None:
+        """Take in ``topic``'s durable record (None: cleared), read back or written by another gateway."""
+        if raw is None:
+            self.messages.pop(topic, None)
+            return
+        try:
+            d = json.loads(raw)
+            out = outgoing_from_stored(d["x"], base64.b64decode(d["b"]), topic)
+        except (ValueError, KeyError, TypeError):
+            log.warning("dropping unreadable retained message for %r", topic)
+            return
+        if not out.expired(now_ms()):
+            out.ut = unified_topic_of_mqtt(topic)
+            self.messages[topic] = out
 
     async def retain(self, it: C.Publish) -> None:
         """A retained PUBLISH was stored: it replaces its topic's (an empty one clears it)."""

@@ -89,7 +89,8 @@ class Session:
     __slots__ = (
         "client_id", "version", "expiry", "subs", "lmq_seq", "conn", "cursors", "pending",
         "inflight", "pubrel", "qos2_in", "next_pid", "pumping", "disconnected_at", "expiry_handle",
-        "will_handle", "dirty", "has_sub_ids", "ctx", "runs", "username", "acl_write",
+        "will_handle", "dirty", "has_sub_ids", "ctx", "runs", "username", "acl_write", "owner", "epoch", "handed",
+        "online",
     )
 
     def __init__(self, client_id: str, version: int = MQTT_311, expiry: int = 0) -> None:
@@ -118,6 +119,13 @@ class Session:
         self.runs: dict[str, LaneRuns[str]] = {}
         self.username: str | None = None  # from the last CONNECT: its identity for topic rights (acl.py)
         self.acl_write: dict[str, bool] = {}  # topic -> may publish (cached ACL decisions)
+        # Several gateways (fleet.py): the gateway that holds the session ("o" in the record; None:
+        # this one, never shared), its claim epoch ("g"), the epoch it was handed over to ("h",
+        # in the record a releasing gateway writes) and whether it is online at its owner.
+        self.owner: str | None = None
+        self.epoch = 0
+        self.handed = 0
+        self.online = False
 
     @property
     def persistent(self) -> bool:
@@ -156,6 +164,9 @@ class Session:
         s.qos2_in = {int(pid) for pid in d.get("q", ()) if 0 < int(pid) < 65536}
         s.pubrel = {int(pid) for pid in d.get("r", ()) if 0 < int(pid) < 65536}
         s.username = d.get("u")
+        s.owner = d.get("o")
+        s.epoch = int(d.get("g", 0))
+        s.online = not d["d"]
         for key, qos, nl, rap, rh, sid, lmq in d["s"]:
             group, flt = parse_shared(key)
             s.subs[key] = Subscription(flt, qos, s, no_local=bool(nl), rap=bool(rap), rh=rh, sub_id=sid, lmq=lmq,
@@ -175,6 +186,9 @@ class Session:
                 "r": sorted(self.pubrel),
                 "l": self.lanes(),
                 "u": self.username,
+                "o": self.owner,
+                "g": self.epoch,
+                "h": self.handed,
             },
             separators=(",", ":"),
         ).encode()

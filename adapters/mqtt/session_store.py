@@ -29,12 +29,13 @@ KV_SESSIONS = "mqtt.sessions"
 class SessionStore:
     """Client id -> session, with the durable record of each persistent one."""
 
-    __slots__ = ("processor", "ctx", "sessions")
+    __slots__ = ("processor", "ctx", "sessions", "gid")
 
     def __init__(self, processor: MessagingAPI, ctx: RequestContext) -> None:
         self.processor = processor
         self.ctx = ctx
         self.sessions: dict[str, Session] = {}
+        self.gid: str | None = None  # this gateway's id among several (fleet.py); None: alone
 
     async def load(self) -> list[tuple[Session, dict[str, list[str]]]]:
         """Read back the persistent sessions saved before a restart, with their saved lanes
@@ -54,7 +55,7 @@ class SessionStore:
 
     async def save(self, s: Session) -> None:
         """Write ``s``'s record (a persistent session still current only)."""
-        if s.persistent and self.sessions.get(s.client_id) is s:
+        if s.persistent and self.sessions.get(s.client_id) is s and (s.owner is None or s.owner == self.gid):
             await self.processor.kv_put(self.ctx, KV_SESSIONS, s.client_id, s.to_json())
 
     async def delete(self, client_id: str) -> None:

@@ -55,6 +55,9 @@ class MqttSettings(DoorSettings):
     mqtt_mem_queue_bytes: int = 256 * 1024 * 1024
     # Seconds between two rounds of Mosquitto-style $SYS/broker/... statistics; 0: off.
     mqtt_sys_interval_s: float = 10.0
+    # Several gateways sharing sessions: how long a CONNECT waits for the gateway that holds the
+    # session online to close it and hand it over, before taking the session as last stored.
+    mqtt_takeover_timeout_s: float = 3.0
     # MQTT over TLS: both PEM files given -> a TLS listener on mqtt_tls_port (unset: 8883,
     # or a free port when mqtt_port is 0) beside the plain one, sharing its sessions.
     mqtt_tls_cert: str = ""
@@ -118,4 +121,5 @@ class MqttSettings(DoorSettings):
             max_session_expiry=self.mqtt_max_session_expiry,
             mem_queue_bytes=self.mqtt_mem_queue_bytes,
             sys_interval_s=self.mqtt_sys_interval_s,
+            takeover_timeout_s=self.mqtt_takeover_timeout_s,
         )

@@ -1,0 +1,293 @@
+"""Several gateways serving one set of MQTT sessions: ownership, takeover, routing copies, wakes.
+
+Why: a fleet of devices is spread over several gateway processes (one port shared
+with SO_REUSEPORT, or a TCP load balancer), and a device reconnects to whichever
+gateway it lands on. Each gateway routes publishes with an in-memory trie of the
+persistent sessions' subscriptions, so it must learn of sessions other gateways
+create or change; the gateway a session is connected to must learn of messages
+other gateways stored for it; and a session moving between gateways must move
+whole (subscriptions, queue floors, QoS 2 ids), with the old connection closed.
+
+How (README "MQTT door", "Several gateways"):
+
+- Every persistent session's record (``mqtt.sessions``, replicated on every
+  broker) names its *owner* gateway (``"o"``, a random id per gateway process), a
+  claim *epoch* (``"g"``) and whether it is online there (``"d" == 0``).
+- Each gateway long-polls every broker's door-state feed (``core_broker/door_feed.py``)
+  and keeps a *routing copy* of sessions owned elsewhere (subscriptions only:
+  no lanes, no in-flight state; never written back). Retained messages come the
+  same way.
+- CONNECT for a session this gateway does not own reads the record fresh. If it
+  is online at another live gateway, this one writes a *claim* (the record with
+  ``o`` = itself, ``g`` + 1) and waits (``mqtt_takeover_timeout_s``) for the old
+  owner's *release*: the old owner sees the claim in its feed, closes the
+  connection (v5 DISCONNECT 0x8E, the will as on one gateway), commits the
+  session's acknowledged queue floors, and writes the record with its final state
+  and ``"h"`` = the claimed epoch. The new owner then restores the session from
+  that record, reading every broker's lane from its committed floor: messages
+  acknowledged before are not sent again, unacknowledged ones are (QoS 1: at
+  least once). A dead owner (not in the brokers' list of gateways polling) is not
+  waited for.
+- A gateway storing a message into the queue of a session online at another
+  gateway leaves that gateway a *note* on the broker that stored it (lane name);
+  the owner reads the lane at once. Notes are hints: a lost one only delays a
+  delivery until the session's next wake or reconnect.
+
+Not covered (documented): clean (non-persistent) sessions and QoS 0 deliveries
+stay per gateway, and so do shared subscriptions' groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from .codec import MQTTProtocolError
+from .retained import KV_RETAINED
+from .session import Session
+from .session_store import KV_SESSIONS
+
+if TYPE_CHECKING:
+    from .broker import MQTTBroker
+
+log = logging.getLogger("unimq.mqtt")
+
+__all__ = ["Fleet"]
+
+WATCH_S = 2.0  # a watch call's long poll on a broker
+NAMESPACES = [KV_SESSIONS, KV_RETAINED]
+
+
+class Fleet:
+    """This gateway's part in a fleet of gateways sharing MQTT sessions (see the module doc)."""
+
+    def __init__(self, broker: MQTTBroker) -> None:
+        self.broker = broker
+        self.processor = broker.processor
+        self.gid = uuid.uuid4().hex[:16]
+        # the processor offers the brokers' door-state feed (MessagingProcessor does; a remote
+        # processor over the gateway RPC does not: its door then stays on its own)
+        self.enabled = callable(getattr(self.processor, "door_watch", None))
+        self.timeout_s = broker.config.takeover_timeout_s
+        self.seen: dict[tuple[str, str], int] = {}  # (namespace, key) -> newest version taken in
+        self.live: dict[str, float] = {}  # gateway id -> when a broker last saw it polling
+        self._claims: dict[tuple[str, int], asyncio.Future[bytes]] = {}  # (client id, epoch) -> release
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._manager: asyncio.Task[None] | None = None
+        self._notes: dict[str, dict[str, list[list[Any]]]] = {}  # broker -> owner -> wake notes
+        self.takeovers = 0  # sessions this gateway took from another one
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        if self.enabled:
+            self._manager = asyncio.get_running_loop().create_task(self._manage())
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._manager, *self._watchers.values()) if t is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._watchers.clear()
+
+    async def _manage(self) -> None:
+        """One watcher per registered broker (brokers come and go)."""
+        while True:
+            for name in await self.processor.door_brokers():  # type: ignore[attr-defined]
+                t = self._watchers.get(name)
+                if t is None or t.done():
+                    self._watchers[name] = asyncio.get_running_loop().create_task(self._watch(name))
+            await asyncio.sleep(5.0)
+
+    async def _watch(self, broker: str) -> None:
+        inc, seq = "", 0
+        while True:
+            try:
+                r = await self.processor.door_watch(  # type: ignore[attr-defined]
+                    broker, self.gid, NAMESPACES, inc, seq, WATCH_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a broker down or restarting: ask again soon
+                log.debug("mqtt fleet: watching %s failed: %s", broker, e)
+                await asyncio.sleep(1.0)
+                continue
+            inc, seq = r["inc"], r["seq"]
+            now = time.monotonic()
+            for g in r.get("gateways", ()):
+                self.live[g] = now
+            try:
+                for ns, items in r["kv"].items():
+                    for key, (ver, val) in items.items():
+                        if ver > self.seen.get((ns, key), -1):
+                            self.seen[(ns, key)] = ver
+                            self._apply(ns, key, val)
+                for note in r["notes"]:
+                    self._wake(note)
+            except Exception:  # pragma: no cover - one bad record must not stop the feed
+                log.exception("mqtt fleet: applying %s's door-state changes failed", broker)
+
+    def alive(self, gid: str) -> bool:
+        at = self.live.get(gid)
+        return at is not None and time.monotonic() - at < WATCH_S * 3
+
+    # -- what the feed brings
+
+    def _apply(self, ns: str, key: str, raw: bytes | None) -> None:
+        if ns == KV_RETAINED:
+            self.broker.retained.apply(key, raw)
+            return
+        s = self.broker.sessions.get(key)
+        if raw is None:
+            # a session discarded elsewhere; one this gateway holds is discarded by a claim first
+            if s is not None and not self.owns(s):
+                self.broker.drop_copy(s)
+            return
+        try:
+            d = json.loads(raw)
+            owner, epoch, handed = d.get("o"), int(d.get("g", 0)), int(d.get("h", 0))
+        except (ValueError, TypeError, AttributeError):
+            return
+        if handed:
+            f = self._claims.get((key, handed))
+            if f is not None and not f.done() and owner == self.gid:
+                f.set_result(raw)  # the old owner released it to this gateway's claim
+        if owner is None or owner == self.gid:
+            return  # this gateway's own write coming back
+        if s is not None and self.owns(s):
+            if epoch >= s.epoch:  # claimed by another gateway
+                self.broker.spawn(self._release(s, owner, epoch))
+            return
+        self._copy(key, raw)
+
+    def _copy(self, cid: str, raw: bytes) -> None:
+        """Replace the routing copy of a session another gateway owns."""
+        s = self._replace(cid, raw)
+        if s is not None:
+            self.broker.adopt(s)
+
+    def _replace(self, cid: str, raw: bytes) -> Session | None:
+        """Forget ``cid``'s session here (nothing stored is touched) and read it from ``raw``
+        (None: unreadable, the client starts anew)."""
+        old = self.broker.sessions.get(cid)
+        if old is not None:
+            self.broker.drop_copy(old)
+        try:
+            return Session.from_json(cid, raw)[0]
+        except (ValueError, KeyError, TypeError, MQTTProtocolError):
+            return None
+
+    def owns(self, s: Session) -> bool:
+        return s.owner is None or s.owner == self.gid
+
+    async def _release(self, s: Session, owner: str, epoch: int) -> None:
+        """Another gateway claimed ``s``: close its connection here and hand its state over."""
+        b = self.broker
+        conn = s.conn
+        s.owner, s.epoch = owner, epoch  # from now on nothing here writes its record
+        if conn is not None:
+            conn.close(0x8E, "session taken over", publish_will=True)
+            b.detach(conn)
+        b.wills.cancel(s)  # the session goes on at the new owner: a delayed will is not due
+        await b.delivery.commit_offsets()  # its acknowledged floors, before the new owner reads them
+        s.handed, s.disconnected_at = epoch, 0
+        try:
+            await self.processor.kv_put(b.ctx, KV_SESSIONS, s.client_id, s.to_json())
+        finally:
+            s.handed = 0
+        if b.sessions.get(s.client_id) is s:
+            b.drop_copy(s)
+            s.online = True
+            b.adopt(s)  # kept as a routing copy of the new owner's session
+        log.info("mqtt: session %r handed over to gateway %s", s.client_id, owner)
+
+    # -- CONNECT
+
+    async def claim(self, cid: str) -> None:
+        """Before CONNECT ``cid`` is handled: make this gateway the owner of its persistent
+        session, taking it over from another gateway (see the module doc)."""
+        if not self.enabled:
+            return
+        b = self.broker
+        s = b.sessions.get(cid)
+        if s is not None and self.owns(s):
+            return  # held here (a takeover here is the one-gateway path)
+        raw = await self.processor.kv_get(b.ctx, KV_SESSIONS, cid)
+        if raw is None:
+            if s is not None:
+                b.drop_copy(s)
+            return
+        try:
+            d = json.loads(raw)
+            owner, epoch, online = d.get("o"), int(d.get("g", 0)), not d["d"]
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return
+        epoch += 1
+        if owner is not None and owner != self.gid and online and self.alive(owner):
+            d["o"], d["g"], d["h"] = self.gid, epoch, 0
+            f: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            self._claims[(cid, epoch)] = f
+            try:
+                await self.processor.kv_put(b.ctx, KV_SESSIONS, cid, json.dumps(d, separators=(",", ":")).encode())
+                raw = await asyncio.wait_for(f, self.timeout_s)
+            except asyncio.TimeoutError:
+                log.warning("mqtt: gateway %s did not release session %r within %.1fs: taking it as stored",
+                            owner, cid, self.timeout_s)
+                raw = await self.processor.kv_get(b.ctx, KV_SESSIONS, cid) or raw
+            finally:
+                self._claims.pop((cid, epoch), None)
+        s = self._replace(cid, raw)
+        if s is None:
+            return
+        s.owner, s.epoch, s.online = self.gid, epoch, False
+        self.takeovers += 1
+        await b.adopt_owned(s, await self.processor.door_brokers())  # type: ignore[attr-defined]
+
+    def new_owner(self, s: Session) -> None:
+        """``s`` is attached here: its record names this gateway from now on."""
+        if self.enabled:
+            s.owner = self.gid
+            if not s.epoch:
+                s.epoch = 1
+
+    # -- wakes for sessions online at another gateway
+
+    def remote(self, s: Session) -> bool:
+        """Is ``s`` a routing copy of a session online at another gateway?"""
+        return s.owner is not None and s.owner != self.gid and s.online
+
+    def note(self, broker: str, s: Session, lmq: str) -> None:
+        """``broker`` stored a message in ``lmq`` of ``s`` (online elsewhere): tell its owner."""
+        per = self._notes.get(broker)
+        if per is None:
+            per = self._notes[broker] = {}
+        per.setdefault(s.owner, []).append([s.client_id, lmq, broker])  # type: ignore[arg-type]
+
+    def flush_notes(self) -> None:
+        if not self._notes:
+            return
+        notes, self._notes = self._notes, {}
+        for broker, per in notes.items():
+            for owner, items in per.items():
+                self.broker.spawn(self._send_notes(broker, owner, items))
+
+    async def _send_notes(self, broker: str, owner: str, items: list[list[Any]]) -> None:
+        try:
+            await self.processor.door_notify(broker, owner, items)  # type: ignore[attr-defined]
+        except Exception as e:  # a hint: the owner reads the lane at its next wake anyway
+            log.debug("mqtt fleet: notes to %s via %s failed: %s", owner, broker, e)
+
+    def _wake(self, note: list[Any]) -> None:
+        cid, lmq, broker = note
+        b = self.broker
+        s = b.sessions.get(cid)
+        if s is None or s.conn is None:
+            return
+        sub = b.delivery._sub_of_lmq(s, lmq)
+        if sub is not None:
+            b.delivery.must_pull(s, sub, broker)
+            b.delivery.wake(s)

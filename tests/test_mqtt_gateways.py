@@ -1,0 +1,290 @@
+"""Several gateway processes serving one set of MQTT sessions (issue 21; adapters/mqtt/fleet.py).
+
+Real processes: one nameserver, two brokers, gateways started with the documented
+command (two with ports of their own, more sharing one port with SO_REUSEPORT for
+the tests that need it); real clients: paho, and the door's own codec over plain
+sockets where a test must hold a connection without reading or acknowledging (a
+device in flight) or open thousands of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import urllib.request
+from typing import Iterator
+
+import pytest
+
+from adapters.mqtt import codec as C
+from conftest import TEST_STORE_ARGS
+from mqtt_fixtures import Paho, RawClient, wait_for
+from unimq.local_cluster import Cluster, Proc, free_port, write_toml
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+NEVER = 0xFFFFFFFF
+INFLIGHT = 16
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("mqtt-gws")
+    # a small in-flight window: what a takeover may send again is bounded by it
+    gw = write_toml(root / "gateway.toml", {"mqtt_takeover_timeout_s": 5.0, "mqtt_max_inflight": INFLIGHT}, {})
+    c = Cluster(root, brokers=2, gateways=2, gateway_toml=gw, extra_broker_args=TEST_STORE_ARGS).start()
+    yield c
+    c.stop()
+
+
+def _port(g: Proc) -> int:
+    return g.ports["mqtt"]
+
+
+def _connections(g: Proc) -> int:
+    """The MQTT connections this gateway accepted (its own /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{g.ports['http']}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(r'^unimq_connections_total\{protocol="mqtt"\} ([0-9.e+]+)$', text, re.M)
+    return int(float(m.group(1))) if m else 0
+
+
+def _raw_v5(port: int, cid: str, topic: str) -> RawClient:
+    """A v5 device with a never-expiring session, subscribed to ``topic`` at QoS 1."""
+    raw = RawClient(port, C.MQTT_5)
+    ack = raw.connect(cid, clean=False, properties={"session_expiry_interval": NEVER})
+    assert ack.reason_code == 0
+    raw.send(C.Subscribe(1, [(topic, C.SubOptions(qos=1))]))
+    assert raw.recv_type(C.Suback).reason_codes == [1]
+    return raw
+
+
+def _publish(port: int, topic: str, bodies: list[bytes]) -> None:
+    pub = Paho(port, None)
+    for b in bodies:
+        pub.publish(topic, b, qos=1)
+    pub.disconnect()
+
+
+def test_session_moves_to_another_gateway_and_the_old_connection_is_closed(cluster: Cluster) -> None:
+    a, b = cluster.gateways
+    cid, topic = "gw-move", "gwmove/dev/cmd"
+    old = _raw_v5(_port(a), cid, topic)  # holds what it is sent: never acknowledges
+    sent = [f"m-{i}".encode() for i in range(30)]
+    _publish(_port(b), topic, sent)  # through the other gateway
+    before = _connections(b)
+    new = Paho(_port(b), cid, v5=True, clean=False, session_expiry=NEVER)
+    assert new.connack[-1][0].session_present
+    # the old connection on gateway A: DISCONNECT 0x8E, then closed
+    got = old.closed_by_server()
+    assert any(isinstance(p, C.Disconnect) and p.reason_code == 0x8E for p in got), got
+    old.close()
+    # every message once (none was acknowledged on A) and nothing else; in order per broker's
+    # lane (the topic has a queue on each broker; across lanes, see README "Several gateways")
+    msgs = new.get_n(len(sent))
+    new.nothing(1.0)
+    assert sorted(m.payload for m in msgs) == sorted(sent)
+    assert _connections(b) == before + 1
+    # the subscription moved with it: a new message through A reaches it on B
+    _publish(_port(a), topic, [b"after"])
+    assert new.get().payload == b"after"
+    new.disconnect()
+
+
+def _acking_reader(raw: RawClient, acked: list[bytes], closed: list[C.Packet]) -> threading.Thread:
+    """Read and acknowledge every QoS 1 message until the server closes the connection."""
+
+    def run() -> None:
+        try:
+            while True:
+                p = raw.recv(timeout=60)
+                if isinstance(p, C.Publish):
+                    raw.send(C.PubAck(p.packet_id))
+                    acked.append(p.payload)
+                elif isinstance(p, C.Disconnect):
+                    closed.append(p)
+        except (ConnectionError, OSError, AssertionError):
+            pass
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_takeover_while_qos1_in_flight_loses_nothing(cluster: Cluster) -> None:
+    a, b = cluster.gateways
+    cid, topic = "gw-inflight", "gwflight/dev/cmd"
+    old = _raw_v5(_port(a), cid, topic)
+    acked: list[bytes] = []
+    closed: list[C.Packet] = []
+    reader = _acking_reader(old, acked, closed)
+    sent = [f"f-{i:04d}".encode() for i in range(400)]
+    pub = Paho(_port(b), None)
+    new: Paho | None = None
+    for i, body in enumerate(sent):
+        pub.publish(topic, body, qos=1)
+        if i == 150:
+            wait_for(lambda: len(acked) > 20, what="deliveries on gateway A")
+            new = Paho(_port(b), cid, v5=True, clean=False, session_expiry=NEVER)  # takes over mid-stream
+            assert new.connack[-1][0].session_present
+    pub.disconnect()
+    assert new is not None
+    reader.join(30)
+    old.close()
+    assert [p.reason_code for p in closed] == [0x8E]
+    wait_for(lambda: set(acked) | {m.payload for m in new.received} >= set(sent), timeout=60,
+             what="every message delivered on one gateway or the other")
+    later = [m.payload for m in new.received]
+    assert len(later) == len(set(later)), "a message sent twice to the new connection"
+    # QoS 1 lets a message the old connection had not (as far as the server knew) acknowledged
+    # come again, at most a window of them; the ones committed as acknowledged must not
+    again = set(acked) & set(later)
+    assert len(again) <= INFLIGHT, f"{len(again)} acknowledged messages delivered again"
+    new.disconnect()
+
+
+def test_retained_message_set_through_one_gateway_is_seen_through_another(cluster: Cluster) -> None:
+    a, b = cluster.gateways
+    pub = Paho(_port(a), None)
+    pub.publish("gwret/k2", b"22", qos=1, retain=True)
+    pub.disconnect()
+
+    def seen_on_b() -> bool:
+        s = Paho(_port(b), None)
+        try:
+            s.subscribe("gwret/k2", qos=1)
+            try:
+                m = s.get(timeout=1.0)
+            except AssertionError:
+                return False
+            return m.payload == b"22" and m.retain
+        finally:
+            s.disconnect()
+
+    wait_for(seen_on_b, timeout=30, what="the retained message through gateway B")
+
+
+def test_two_gateways_on_one_port_both_serve(cluster: Cluster) -> None:
+    port = free_port()
+    extra = [cluster._spawn_gateway(shared_mqtt_port=port) for _ in range(2)]
+    try:
+        before = [_connections(g) for g in extra]
+        n = 24
+        subs = [Paho(port, f"gw-shared-{i}", clean=False) for i in range(n)]
+        for i, s in enumerate(subs):
+            s.subscribe(f"gwshared/{i}/cmd", qos=1)
+        after = [_connections(g) for g in extra]
+        served = [x - y for x, y in zip(after, before)]
+        assert sum(served) == n and all(k > 0 for k in served), served  # the kernel spread them
+        # a publisher on the shared port reaches subscribers on either gateway
+        pub = Paho(port, None)
+        for i in range(n):
+            pub.publish(f"gwshared/{i}/cmd", f"to-{i}".encode(), qos=1)
+        pub.disconnect()
+        for i, s in enumerate(subs):
+            assert s.get().payload == f"to-{i}".encode()
+            s.disconnect()
+    finally:
+        for g in extra:
+            g.stop()
+
+
+async def _storm_client(port: int, cid: str, topic: str, ready: asyncio.Event, got: dict[str, bytes],
+                        connects: asyncio.Semaphore) -> None:
+    async with connects:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        dec = C.Decoder(server_side=False, version=C.MQTT_311)
+        w.write(C.encode(C.Connect(cid, clean_start=False, keepalive=300), C.MQTT_311))
+        w.write(C.encode(C.Subscribe(1, [(topic, C.SubOptions(qos=1))]), C.MQTT_311))
+        pending: list[C.Packet] = []
+
+        async def next_packet() -> C.Packet:
+            while not pending:
+                data = await r.read(65536)
+                if not data:
+                    raise ConnectionError(f"{cid}: closed by the server")
+                pending.extend(dec.feed(data))
+            return pending.pop(0)
+
+        ack = await next_packet()
+        assert isinstance(ack, C.Connack) and ack.reason_code == 0, ack
+        assert isinstance(await next_packet(), C.Suback)
+    ready.set()
+    p = await next_packet()
+    assert isinstance(p, C.Publish), p
+    w.write(C.encode(C.PubAck(p.packet_id), C.MQTT_311))
+    got[cid] = p.payload
+    await w.drain()
+    w.close()
+
+
+async def _publish_async(port: int, items: list[tuple[str, bytes]]) -> None:
+    """Publish at QoS 1 and wait for every PUBACK (asyncio: paho's select() cannot take the
+    socket numbers past 1,024 a process holding a storm of connections hands out)."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    dec = C.Decoder(server_side=False, version=C.MQTT_311)
+    w.write(C.encode(C.Connect("", clean_start=True), C.MQTT_311))
+    for pid, (topic, body) in enumerate(items, 1):
+        w.write(C.encode(C.Publish(topic, body, qos=1, packet_id=pid), C.MQTT_311))
+    acked = 0
+    while acked < len(items):
+        data = await asyncio.wait_for(r.read(65536), 60)
+        assert data, "publisher closed by the server"
+        for p in dec.feed(data):
+            assert isinstance(p, (C.Connack, C.PubAck)) and p.reason_code == 0, p
+            acked += isinstance(p, C.PubAck)
+    w.close()
+
+
+def test_connection_storm_over_two_gateways(cluster: Cluster) -> None:
+    """2,000 devices with persistent sessions, half on each gateway: every one gets its CONNACK
+    and its first message, published through the other gateway."""
+    a, b = cluster.gateways
+    n = 2000
+    ports = [_port(a), _port(b)]
+
+    async def main() -> dict[str, bytes]:
+        got: dict[str, bytes] = {}
+        connects = asyncio.Semaphore(200)
+        readies = [asyncio.Event() for _ in range(n)]
+        tasks = [asyncio.create_task(_storm_client(ports[i % 2], f"storm-{i}", f"storm/{i}/cmd", readies[i], got,
+                                                   connects)) for i in range(n)]
+        waiting = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in readies)))
+        # every device connected and subscribed, or the first one that failed
+        done, _ = await asyncio.wait([waiting, *tasks], timeout=300, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t is not waiting:
+                t.result()  # raises what went wrong
+        assert waiting.done(), f"{sum(e.is_set() for e in readies)} of {n} connected and subscribed"
+
+        for k, port in enumerate(ports):  # each device's message through the other gateway
+            await _publish_async(port, [(f"storm/{i}/cmd", f"first-{i}".encode()) for i in range(1 - k, n, 2)])
+        await asyncio.wait_for(asyncio.gather(*tasks), 180)
+        return got
+
+    got = asyncio.run(main())
+    assert got == {f"storm-{i}": f"first-{i}".encode() for i in range(n)}
+
+
+def test_sigkill_of_a_gateway_its_devices_move_to_another(cluster: Cluster) -> None:
+    a, _ = cluster.gateways
+    doomed = cluster._spawn_gateway()
+    n = 10
+    devs = [Paho(_port(doomed), f"gw-kill-{i}", clean=False) for i in range(n)]
+    for i, d in enumerate(devs):
+        d.subscribe(f"gwkill/{i}/cmd", qos=1)
+        d.c.reconnect_delay_set(60, 120)  # paho must not come back to the dead port first
+    _publish(_port(a), "gwkill/0/cmd", [b"before"])
+    assert devs[0].get().payload == b"before"
+    doomed.kill9()
+    for d in devs:
+        d.c.loop_stop()
+    for i in range(n):
+        _publish(_port(a), f"gwkill/{i}/cmd", [f"while-{i}".encode()])
+    for i in range(n):  # each device reconnects through the surviving gateway
+        d = Paho(_port(a), f"gw-kill-{i}", clean=False)
+        assert d.connack[-1][0].session_present
+        want = f"while-{i}".encode()
+        wait_for(lambda: want in {m.payload for m in d.received}, what=f"{want!r} after the move")
+        d.disconnect()
