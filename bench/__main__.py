@@ -45,6 +45,7 @@ SECTIONS: dict[str, str] = {
     "amqp": "bench.amqp_bench",
     "mqtt": "bench.mqtt_bench",
     "lmq": "bench.lmq_bench",
+    "connect": "bench.connect_bench",
     "spark": "bench.spark_bench",
     "http": "bench.http_bench",
     "replication": "bench.replication_bench",
