@@ -10,7 +10,8 @@ session 0, each its own client id) connect with at most 500 CONNECTs outstanding
 from the first CONNECT to the last CONNACK. unimq runs separated, as a fleet
 would: one nameserver, two brokers and two gateways sharing one MQTT port with
 SO_REUSEPORT (``unimq.local_cluster.Cluster``, the documented commands); the peer
-is one Mosquitto process (its sessions in memory, ``persistence false``).
+is one Mosquitto process (its sessions in memory, ``persistence false``). Three
+rounds alternate between the two, the best of each is kept (the machine is shared).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ NAME = "connect"
 TITLE = "MQTT CONNECT storm, persistent sessions, two gateways on one port"
 
 OUTSTANDING = 500
+ROUNDS = 3
 STORE = ["--set=store.commitlog_segment_size=67108864", "--set=store.cq_entries_per_file=100000"]
 
 
@@ -81,51 +83,51 @@ async def storm(port: int, n: int, tag: str) -> float:
     return rate
 
 
-def unimq_rate(n: int, base: Path) -> float:
+def rates(n: int, base: Path, rounds: int = ROUNDS) -> tuple[float, float | None]:
+    """Best connects/s of ``rounds`` alternating rounds (fresh client ids each): unimq, Mosquitto
+    (None when it is not installed). Both run throughout, so a burst of load from other
+    processes hits both alike."""
     from unimq.local_cluster import Cluster, free_port
 
+    (base / "unimq").mkdir()
+    (base / "mosquitto").mkdir()
     port = free_port()
-    c = Cluster(base, brokers=2, gateways=2, shared_mqtt_port=port, extra_broker_args=STORE).start()
+    c = Cluster(base / "unimq", brokers=2, gateways=2, shared_mqtt_port=port, extra_broker_args=STORE).start()
+    m = Mosquitto(base / "mosquitto") if Mosquitto.available() else None
     try:
+        ours, peer = 0.0, 0.0
         asyncio.run(storm(port, 200, "warm"))  # every process has served a CONNECT once
-        return asyncio.run(storm(port, n, "storm"))
+        if m is not None:
+            asyncio.run(storm(m.port, 200, "warm"))
+        for r in range(rounds):
+            ours = max(ours, asyncio.run(storm(port, n, f"storm{r}")))
+            if m is not None:
+                peer = max(peer, asyncio.run(storm(m.port, n, f"storm{r}")))
+        return ours, (peer if m is not None else None)
     finally:
+        if m is not None:
+            m.stop()
         c.stop()
-
-
-def mosquitto_rate(n: int, base: Path) -> float | None:
-    if not Mosquitto.available():
-        return None
-    m = Mosquitto(base)
-    try:
-        asyncio.run(storm(m.port, 200, "warm"))
-        return asyncio.run(storm(m.port, n, "storm"))
-    finally:
-        m.stop()
 
 
 def run(ctx: Context) -> list[Row]:
     n = 2000 if ctx.quick else 10_000
-    print(f"bench: connect: {n:,} persistent sessions, unimq (2 gateways)...", file=sys.stderr)
-    ours = unimq_rate(n, ctx.scratch("connect-unimq"))
-    print("bench: connect: Mosquitto...", file=sys.stderr)
-    peer = mosquitto_rate(n, ctx.scratch("connect-mosquitto"))
+    print(f"bench: connect: {n:,} persistent sessions, unimq (2 gateways) and Mosquitto...", file=sys.stderr)
+    ours, peer = rates(n, ctx.scratch("connect"))
     peer_s = f"Mosquitto {Mosquitto.version()} {peer:,.0f}/s" if peer else "—"
     return [Row("connect", f"CONNECT storm, {n:,} clients, clean session 0, 2 gateways on one port (connects/s)",
                 ours, peer=peer_s, ratio=f"{ours / peer:.2f}x" if peer else "—", floor=">= 5,000 connects/s",
                 meets=ours >= 5000,
-                note=f"connect: {OUTSTANDING} CONNECTs outstanding at most; unimq: 1 nameserver, 2 brokers, "
-                     "2 gateways sharing the MQTT port (SO_REUSEPORT)")]
+                note=f"connect: {OUTSTANDING} CONNECTs outstanding at most, best of {ROUNDS} alternating rounds; "
+                     "unimq: 1 nameserver, 2 brokers, 2 gateways sharing the MQTT port (SO_REUSEPORT)")]
 
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
     with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "u").mkdir()
-        (Path(d) / "m").mkdir()
-        print(f"connect: {n} persistent sessions: unimq (2 gateways) {unimq_rate(n, Path(d) / 'u'):,.0f}/s", flush=True)
-        peer = mosquitto_rate(n, Path(d) / "m")
-        print(f"connect: {n} persistent sessions: Mosquitto {peer:,.0f}/s" if peer else "no mosquitto", flush=True)
+        ours, peer = rates(n, Path(d))
+        print(f"connect: {n} persistent sessions: unimq (2 gateways) {ours:,.0f}/s, Mosquitto "
+              + (f"{peer:,.0f}/s" if peer else "not installed"), flush=True)
 
 
 if __name__ == "__main__":

@@ -144,6 +144,25 @@ def test_takeover_while_qos1_in_flight_loses_nothing(cluster: Cluster) -> None:
     new.disconnect()
 
 
+def test_will_on_a_takeover_across_gateways_as_on_one_gateway(cluster: Cluster) -> None:
+    """The old connection's will is published when another gateway takes its session over, as a
+    single gateway does on a takeover (README "MQTT door": wills on abrupt close or takeover)."""
+    a, b = cluster.gateways
+    watcher = Paho(_port(b), "gw-will-watch", clean=False)
+    watcher.subscribe("gwwill/dev-1/status", qos=1)
+    old = RawClient(_port(a), C.MQTT_5)
+    ack = old.connect("gw-will-dev", clean=False, properties={"session_expiry_interval": NEVER},
+                      will=C.Will("gwwill/dev-1/status", b"offline", qos=1))
+    assert ack.reason_code == 0
+    new = Paho(_port(b), "gw-will-dev", v5=True, clean=False, session_expiry=NEVER)
+    assert any(isinstance(p, C.Disconnect) and p.reason_code == 0x8E for p in old.closed_by_server())
+    old.close()
+    assert watcher.get().payload == b"offline"
+    new.disconnect()
+    watcher.nothing(1.0)  # a clean DISCONNECT: no will
+    watcher.disconnect()
+
+
 def test_retained_message_set_through_one_gateway_is_seen_through_another(cluster: Cluster) -> None:
     a, b = cluster.gateways
     pub = Paho(_port(a), None)

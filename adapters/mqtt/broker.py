@@ -133,7 +133,7 @@ class MQTTBroker:
             self.processor.set_authorizer(AllOf(self._outer_authorizer, self.topic_acl))
         await self._load()
         self.delivery.start()
-        self.fleet.start()
+        await self.fleet.start()
         self.sys.start()
         self.processor.add_router(self)  # messages other doors send on MQTT topics
 
@@ -355,9 +355,10 @@ class MQTTBroker:
             elif sub.lmq and not sub.lmq_ready:
                 await self._ensure_lmq(sub.lmq)
                 sub.lmq_ready = True
-        conn.send(encode(C.Suback(pkt.packet_id, codes), conn.version))
         if changed and s.persistent:
+            # stored before the SUBACK: other gateways route by the stored record (fleet.py)
             await self.session_store.save(s)
+        conn.send(encode(C.Suback(pkt.packet_id, codes), conn.version))
         # retained messages (not for shared subscriptions)
         can_read = self.access.can_read
         for sub, existed in new_subs:
@@ -614,7 +615,7 @@ class MQTTBroker:
         else:
             expiry = 0 if pkt.clean_start else SESSION_NEVER_EXPIRES
         # another gateway's session comes here first (fleet.py), then the takeover here
-        await self.fleet.claim(cid)
+        await self.fleet.claim(cid, pkt.clean_start)
         if conn.closed:
             return
         old = self.sessions.get(cid)

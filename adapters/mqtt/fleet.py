@@ -83,9 +83,19 @@ class Fleet:
 
     # -- lifecycle
 
-    def start(self) -> None:
-        if self.enabled:
-            self._manager = asyncio.get_running_loop().create_task(self._manage())
+    async def start(self) -> None:
+        """Take in every broker's door state once, then follow their feeds: a gateway that says
+        it is ready routes to the sessions other gateways hold."""
+        if not self.enabled:
+            return
+        cursors = {}
+        for name in await self.processor.door_brokers():  # type: ignore[attr-defined]
+            try:
+                cursors[name] = self._take(await self.processor.door_watch(  # type: ignore[attr-defined]
+                    name, self.gid, NAMESPACES, "", 0, 0.0))
+            except Exception as e:  # that broker's watcher tries again
+                log.debug("mqtt fleet: first read of %s failed: %s", name, e)
+        self._manager = asyncio.get_running_loop().create_task(self._manage(cursors))
 
     async def stop(self) -> None:
         tasks = [t for t in (self._manager, *self._watchers.values()) if t is not None]
@@ -95,17 +105,17 @@ class Fleet:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._watchers.clear()
 
-    async def _manage(self) -> None:
+    async def _manage(self, cursors: dict[str, tuple[str, int]]) -> None:
         """One watcher per registered broker (brokers come and go)."""
         while True:
             for name in await self.processor.door_brokers():  # type: ignore[attr-defined]
                 t = self._watchers.get(name)
                 if t is None or t.done():
-                    self._watchers[name] = asyncio.get_running_loop().create_task(self._watch(name))
+                    self._watchers[name] = asyncio.get_running_loop().create_task(
+                        self._watch(name, *cursors.pop(name, ("", 0))))
             await asyncio.sleep(5.0)
 
-    async def _watch(self, broker: str) -> None:
-        inc, seq = "", 0
+    async def _watch(self, broker: str, inc: str, seq: int) -> None:
         while True:
             try:
                 r = await self.processor.door_watch(  # type: ignore[attr-defined]
@@ -116,20 +126,24 @@ class Fleet:
                 log.debug("mqtt fleet: watching %s failed: %s", broker, e)
                 await asyncio.sleep(1.0)
                 continue
-            inc, seq = r["inc"], r["seq"]
-            now = time.monotonic()
-            for g in r.get("gateways", ()):
-                self.live[g] = now
-            try:
-                for ns, items in r["kv"].items():
-                    for key, (ver, val) in items.items():
-                        if ver > self.seen.get((ns, key), -1):
-                            self.seen[(ns, key)] = ver
-                            self._apply(ns, key, val)
-                for note in r["notes"]:
-                    self._wake(note)
-            except Exception:  # pragma: no cover - one bad record must not stop the feed
-                log.exception("mqtt fleet: applying %s's door-state changes failed", broker)
+            inc, seq = self._take(r)
+
+    def _take(self, r: dict[str, Any]) -> tuple[str, int]:
+        """Apply one watch answer; the cursor to ask from next."""
+        now = time.monotonic()
+        for g in r.get("gateways", ()):
+            self.live[g] = now
+        try:
+            for ns, items in r["kv"].items():
+                for key, (ver, val) in items.items():
+                    if ver > self.seen.get((ns, key), -1):
+                        self.seen[(ns, key)] = ver
+                        self._apply(ns, key, val)
+            for note in r["notes"]:
+                self._wake(note)
+        except Exception:  # pragma: no cover - one bad record must not stop the feed
+            log.exception("mqtt fleet: applying door-state changes failed")
+        return r["inc"], r["seq"]
 
     def alive(self, gid: str) -> bool:
         at = self.live.get(gid)
@@ -207,13 +221,16 @@ class Fleet:
 
     # -- CONNECT
 
-    async def claim(self, cid: str) -> None:
+    async def claim(self, cid: str, clean_start: bool) -> None:
         """Before CONNECT ``cid`` is handled: make this gateway the owner of its persistent
-        session, taking it over from another gateway (see the module doc)."""
+        session, taking it over from another gateway (see the module doc). A clean start only
+        needs it when the feed brought a copy (the session it discards lives elsewhere)."""
         if not self.enabled:
             return
         b = self.broker
         s = b.sessions.get(cid)
+        if s is None and clean_start:
+            return  # nothing to continue; a session stored elsewhere would have a copy here
         if s is not None and self.owns(s):
             return  # held here (a takeover here is the one-gateway path)
         raw = await self.processor.kv_get(b.ctx, KV_SESSIONS, cid)
