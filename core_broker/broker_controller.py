@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import consumer_stats
 from .config import BrokerConfig, StoreConfig
@@ -106,7 +106,7 @@ class BrokerController:
         self.kv: dict[str, dict[str, bytes]] = {}
         self.kv_versions: dict[str, dict[str, int]] = {}  # tombstones of deleted entries too
         self._kv_last = 0
-        self.door_feed = DoorFeed()  # what gateways long-poll to learn of each other's door-state writes
+        self.door_feed = DoorFeed()  # gateways long-poll it for each other's door-state writes (door_feed.py)
         # Called when the broker creates a topic itself (retry and dead-letter topics).
         self.on_topics_changed: Callable[[], None] | None = None
         # Tiered storage, when the store's config turns it on (attached at start).
@@ -325,28 +325,6 @@ class BrokerController:
             ns[d["k"]] = base64.b64decode(d["v"])
         self.door_feed.kv_changed(d["n"], d["k"])
         return True
-
-    async def door_watch(self, gateway: str, namespaces: list[str], incarnation: str, seq: int,
-                         timeout_s: float) -> dict[str, Any]:
-        """Door-state changes after ``seq`` of feed ``incarnation`` (everything when that is not
-        this broker's feed any more) and the notes left for ``gateway`` (see ``door_feed.py``)."""
-        feed = self.door_feed
-        full = incarnation != feed.incarnation
-        if not full:
-            await feed.wait(gateway, namespaces, seq, min(max(timeout_s, 0.0), 30.0))
-        kv: dict[str, dict[str, tuple[int, bytes | None]]] = {}
-        if full:
-            for ns in namespaces:
-                kv[ns] = self.kv_items_versioned(ns)
-        else:
-            for ns, keys in feed.since(namespaces, seq).items():
-                kv[ns] = {k: self.kv_get_versioned(ns, k) for k in keys}
-        # a gateway polls again at once, so one not heard of for three long polls is gone
-        return {"inc": feed.incarnation, "seq": feed.seq, "full": full, "kv": kv,
-                "notes": feed.take_notes(gateway), "gateways": feed.live(gateway, max(timeout_s, 1.0) * 3)}
-
-    def door_notify(self, gateway: str, notes: list[Any]) -> None:
-        self.door_feed.notify(gateway, notes)
 
     def next_kv_version(self) -> int:
         """A version newer than any this broker gave: milliseconds << 20 (see kv_version)."""

@@ -320,12 +320,12 @@ class BrokerServer:
         return {k: list(v) for k, v in self.controller.kv_items_versioned(namespace).items()}
 
     async def door_watch(self, gateway, namespaces, incarnation, seq, timeout_s):
-        r = await self.controller.door_watch(gateway, namespaces, incarnation, seq, timeout_s)
+        r = await self.controller.door_feed.watch(gateway, namespaces, incarnation, seq, timeout_s, self.controller)
         r["kv"] = {ns: {k: list(v) for k, v in items.items()} for ns, items in r["kv"].items()}
         return r
 
     def door_notify(self, gateway, notes):
-        self.controller.door_notify(gateway, notes)
+        self.controller.door_feed.notify(gateway, notes)
 
     def consumer_lag(self) -> list[tuple[str, str, int]]:
         return self.controller.consumer_lag()

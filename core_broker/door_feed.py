@@ -23,9 +23,16 @@ import asyncio
 import secrets
 import time
 from collections import OrderedDict, deque
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["DoorFeed", "MAX_NOTES"]
+__all__ = ["DoorFeed", "MAX_NOTES", "VersionedKv"]
+
+
+class VersionedKv(Protocol):
+    """Where the feed reads the values of the keys it reports (the broker's door state)."""
+
+    def kv_items_versioned(self, namespace: str) -> dict[str, tuple[int, bytes | None]]: ...
+    def kv_get_versioned(self, namespace: str, key: str) -> tuple[int, bytes | None]: ...
 
 MAX_NOTES = 100_000  # per gateway: one that never comes back must not fill memory
 
@@ -105,6 +112,25 @@ class DoorFeed:
             pass
         finally:
             self._waiters.discard(f)
+
+    async def watch(self, gateway: str, namespaces: list[str], incarnation: str, seq: int, timeout_s: float,
+                    kv: VersionedKv) -> dict[str, Any]:
+        """Door-state changes after ``seq`` of feed ``incarnation`` (everything when that is not
+        this feed any more), with their versioned values from ``kv``; the notes left for
+        ``gateway``; the gateways polling. Waits up to ``timeout_s`` (30 s at most) for a change."""
+        full = incarnation != self.incarnation
+        if not full:
+            await self.wait(gateway, namespaces, seq, min(max(timeout_s, 0.0), 30.0))
+        out: dict[str, dict[str, tuple[int, bytes | None]]] = {}
+        if full:
+            for ns in namespaces:
+                out[ns] = kv.kv_items_versioned(ns)
+        else:
+            for ns, keys in self.since(namespaces, seq).items():
+                out[ns] = {k: kv.kv_get_versioned(ns, k) for k in keys}
+        # a gateway polls again at once, so one not heard of for three long polls is gone
+        return {"inc": self.incarnation, "seq": self.seq, "full": full, "kv": out,
+                "notes": self.take_notes(gateway), "gateways": self.live(gateway, max(timeout_s, 1.0) * 3)}
 
     def take_notes(self, gateway: str) -> list[Any]:
         q = self.notes.pop(gateway, None)

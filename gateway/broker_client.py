@@ -321,10 +321,11 @@ class LocalBrokerClient:
 
     async def door_watch(self, broker: str, gateway: str, namespaces: list[str], incarnation: str, seq: int,
                          timeout_s: float) -> dict[str, Any]:
-        return await self._check(broker).door_watch(gateway, namespaces, incarnation, seq, timeout_s)
+        b = self._check(broker)
+        return await b.door_feed.watch(gateway, namespaces, incarnation, seq, timeout_s, b)
 
     async def door_notify(self, broker: str, gateway: str, notes: list[Any]) -> None:
-        self._check(broker).door_notify(gateway, notes)
+        self._check(broker).door_feed.notify(gateway, notes)
 
     # -- observability
     async def consumer_lag(self) -> list[tuple[str, str, int]]:
