@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
+import subprocess
 import threading
 import urllib.request
 from typing import Iterator
@@ -112,6 +114,27 @@ def _acking_reader(raw: RawClient, acked: list[bytes], closed: list[C.Packet]) -
     return t
 
 
+@pytest.mark.skipif(not shutil.which("mosquitto_sub"), reason="mosquitto-clients not installed")
+def test_mosquitto_clients_persistent_session_on_a_second_gateway(cluster: Cluster) -> None:
+    """Mosquitto's own clients: a persistent subscription made through gateway A, messages
+    published through B while the device is away, the device comes back through B."""
+    a, b = cluster.gateways
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(args), capture_output=True, text=True, timeout=60)
+
+    sub = ["-h", "127.0.0.1", "-i", "gw-mosq-dev", "-c", "-q", "1", "-t", "gwmosq/dev/cmd"]
+    r = run("mosquitto_sub", "-p", str(_port(a)), *sub, "-E")  # subscribes, then leaves
+    assert r.returncode == 0, r.stderr
+    for body in ("one", "two"):
+        r = run("mosquitto_pub", "-h", "127.0.0.1", "-p", str(_port(b)), "-q", "1", "-t", "gwmosq/dev/cmd",
+                "-m", body)
+        assert r.returncode == 0, r.stderr
+    r = run("mosquitto_sub", "-p", str(_port(b)), *sub, "-C", "2", "-W", "30")
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == ["one", "two"]  # two publishers: no order between them
+
+
 def test_takeover_while_qos1_in_flight_loses_nothing(cluster: Cluster) -> None:
     a, b = cluster.gateways
     cid, topic = "gw-inflight", "gwflight/dev/cmd"
@@ -131,8 +154,11 @@ def test_takeover_while_qos1_in_flight_loses_nothing(cluster: Cluster) -> None:
     pub.disconnect()
     assert new is not None
     reader.join(30)
+    assert not reader.is_alive(), "the old connection was not closed"
     old.close()
-    assert [p.reason_code for p in closed] == [0x8E]
+    # DISCONNECT 0x8E went out first; it may be lost to a reset when the server closes with the
+    # old client's PUBACKs still unread (TCP), which the test that does not acknowledge avoids
+    assert all(p.reason_code == 0x8E for p in closed), closed
     wait_for(lambda: set(acked) | {m.payload for m in new.received} >= set(sent), timeout=60,
              what="every message delivered on one gateway or the other")
     later = [m.payload for m in new.received]
