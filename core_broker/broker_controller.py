@@ -26,16 +26,14 @@ from .errors import BadRequestError, TopicNotFoundError, UnimqError
 from .filter import compile_filter
 from .journal import Journal
 from .json_file import read_json, write_json_atomic
+from .message_query import MessageQueries
 from .message_store import MessageStore
-from .model import FilterExpression, GetResult, GetStatus, Message, MessageType, PutResult, StoredMessage
+from .model import FilterExpression, GetResult, GetStatus, Message, MessageType, PutResult
 from .pop_service import PoppedMessage, PopService
 from .receipt import ReceiptHandle
 from .system_topics import (
     DLQ_PREFIX,
-    HALF_TOPIC,
-    P_REAL_TOPIC,
     RETRY_PREFIX,
-    TIMER_TOPIC,
     is_lmq,
     is_system_topic,
     public_properties,
@@ -78,7 +76,7 @@ class TopicStats:
     queues: list[QueueStats]
 
 
-class BrokerController:
+class BrokerController(MessageQueries):
     def __init__(self, store_config: StoreConfig, config: BrokerConfig | None = None) -> None:
         self.config = config or BrokerConfig()
         self.name = self.config.broker_name
@@ -710,27 +708,6 @@ class BrokerController:
             return await self.tier.offset_for_timestamp_async(topic, queue_id, timestamp_ms)
         return self.query_offset(topic, queue_id, policy, timestamp_ms)
 
-    # ------------------------------------------------------------------ query
-
-    async def query_by_id_async(self, message_id: str) -> StoredMessage | None:
-        """:meth:`query_by_id`, with server-assigned ids of messages only the tier holds found
-        there too (what the doors call)."""
-        m = self.query_by_id(message_id)
-        if m is None and self.tier is not None:
-            m = self._public(await self.tier.query_by_id_async(message_id))
-        return m
-
-    def query_by_id(self, message_id: str) -> StoredMessage | None:
-        return self._public(self.store.query_by_id(message_id))
-
-    @staticmethod
-    def _public(m: StoredMessage | None) -> StoredMessage | None:
-        """A message as a query answers it: under the topic it is for, internal properties off."""
-        if m is not None:
-            m.topic = m.properties.get(P_REAL_TOPIC, m.topic)  # still waiting in the timer/half queue
-            m.properties = public_properties(m.properties)
-        return m
-
     # ------------------------------------------------------------------ observability
 
     def consumer_lag(self) -> list[tuple[str, str, int]]:
@@ -762,40 +739,3 @@ class BrokerController:
                          tier_uploaded_segments=len(self.tier.uploader.in_tier),
                          tier_upload_failures=self.tier.uploader.failed_attempts)
         return stats
-
-    def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
-                     max_count: int = 32) -> list[StoredMessage]:
-        """Messages by key on local disk (:meth:`query_by_key_async` adds the tier's)."""
-        return self._by_key(self.store.query_by_key, topic, key, begin_ms, end_ms, max_count)
-
-    async def query_by_key_async(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
-                                 max_count: int = 32) -> list[StoredMessage]:
-        """:meth:`query_by_key`, with messages whose segments only the tier still holds found
-        there too, older after newer (what the doors call)."""
-        out = self.query_by_key(topic, key, begin_ms, end_ms, max_count)
-        if len(out) < max_count and self.tier is not None:
-            cold = await self.tier.query_by_key_async(topic, key, begin_ms, end_ms, 4 * max_count)
-            cold += [m for t in (TIMER_TOPIC, HALF_TOPIC)
-                     for m in await self.tier.query_by_key_async(t, key, begin_ms, end_ms, 4 * max_count)]
-            out += self._by_key(lambda t, *a: [m for m in cold if m.topic == t], topic, key, begin_ms, end_ms,
-                                max_count - len(out))
-        return out
-
-    @staticmethod
-    def _by_key(query: Callable[..., list[StoredMessage]], topic: str, key: str, begin_ms: int, end_ms: int,
-                max_count: int) -> list[StoredMessage]:
-        out = query(topic, key, begin_ms, end_ms, max_count)
-        # Delay and transactional messages are stored once, in the timer / half queue, and
-        # indexed there (their delivery is a link, which is not indexed): find them under
-        # the topic they are for, as query_by_id does.
-        for sys_topic in (TIMER_TOPIC, HALF_TOPIC):
-            if len(out) >= max_count:
-                break
-            for m in query(sys_topic, key, begin_ms, end_ms, 4 * max_count):
-                if m.properties.get(P_REAL_TOPIC) == topic:
-                    m.topic = topic
-                    out.append(m)
-        out = out[:max_count]
-        for m in out:
-            m.properties = public_properties(m.properties)
-        return out
