@@ -107,8 +107,11 @@ class DoorFeed:
         f: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.add(f)
         try:
-            await asyncio.wait_for(f, timeout_s)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns the result when a cancel
+            # arrives as ``f`` completes, swallowing the cancel (a gateway's stop then hung)
+            async with asyncio.timeout(timeout_s):
+                await f
+        except TimeoutError:
             pass
         finally:
             self._waiters.discard(f)

@@ -78,6 +78,7 @@ class Fleet:
         self._claims: dict[tuple[str, int], asyncio.Future[bytes]] = {}  # (client id, epoch) -> release
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._manager: asyncio.Task[None] | None = None
+        self._stopping = False
         self._notes: dict[str, dict[str, list[list[Any]]]] = {}  # broker -> owner -> wake notes
         self.takeovers = 0  # sessions this gateway took from another one
 
@@ -88,6 +89,7 @@ class Fleet:
         it is ready routes to the sessions other gateways hold."""
         if not self.enabled:
             return
+        self._stopping = False
         cursors = {}
         for name in await self.processor.door_brokers():  # type: ignore[attr-defined]
             try:
@@ -98,16 +100,21 @@ class Fleet:
         self._manager = asyncio.get_running_loop().create_task(self._manage(cursors))
 
     async def stop(self) -> None:
+        # the flag ends the loops even if a cancel is lost on the way (asyncio may drop one
+        # that arrives as an awaited call completes); the wait is bounded for the same reason
+        self._stopping = True
         tasks = [t for t in (self._manager, *self._watchers.values()) if t is not None]
         for t in tasks:
             t.cancel()
         if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            _, pending = await asyncio.wait(tasks, timeout=5.0)
+            for t in pending:
+                log.warning("mqtt fleet: a watcher did not stop within 5 s; left behind")
         self._watchers.clear()
 
     async def _manage(self, cursors: dict[str, tuple[str, int]]) -> None:
         """One watcher per registered broker (brokers come and go)."""
-        while True:
+        while not self._stopping:
             for name in await self.processor.door_brokers():  # type: ignore[attr-defined]
                 t = self._watchers.get(name)
                 if t is None or t.done():
@@ -116,7 +123,7 @@ class Fleet:
             await asyncio.sleep(5.0)
 
     async def _watch(self, broker: str, inc: str, seq: int) -> None:
-        while True:
+        while not self._stopping:
             try:
                 r = await self.processor.door_watch(  # type: ignore[attr-defined]
                     broker, self.gid, NAMESPACES, inc, seq, WATCH_S)
@@ -250,8 +257,9 @@ class Fleet:
             self._claims[(cid, epoch)] = f
             try:
                 await self.processor.kv_put(b.ctx, KV_SESSIONS, cid, json.dumps(d, separators=(",", ":")).encode())
-                raw = await asyncio.wait_for(f, self.timeout_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self.timeout_s):  # not wait_for: it can swallow a cancel
+                    raw = await f
+            except TimeoutError:
                 log.warning("mqtt: gateway %s did not release session %r within %.1fs: taking it as stored",
                             owner, cid, self.timeout_s)
                 raw = await self.processor.kv_get(b.ctx, KV_SESSIONS, cid) or raw
