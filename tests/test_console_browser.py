@@ -67,6 +67,17 @@ def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condi
         time.sleep(0.2)
 
 
+def click(driver: Any, by: str, value: str, what: str) -> None:
+    """Click an element of a list the page re-renders on its live refresh (every 2 s): one
+    found just before a refresh is stale by the click, so find it again and retry."""
+
+    def attempt() -> bool:
+        driver.find_element(by, value).click()
+        return True
+
+    wait_for(attempt, what=what)
+
+
 def errors(driver: Any) -> list[dict[str, Any]]:
     return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
@@ -140,7 +151,7 @@ def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any
 
     # reset the group from its page: the invoices come again over HTTP
     open_page(browser, base, "groups")
-    wait_for(lambda: browser.find_element(By.ID, "group-accounting"), what="the accounting row").click()
+    click(browser, By.ID, "group-accounting", "the accounting row")
     wait_for(lambda: browser.find_element(By.ID, "group-detail").is_displayed()
              and Select(browser.find_element(By.ID, "reset-topic")).options, what="the group's detail")
     Select(browser.find_element(By.ID, "reset-mode")).select_by_value("offset")
