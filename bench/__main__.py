@@ -51,6 +51,7 @@ SECTIONS: dict[str, str] = {
     "replication": "bench.replication_bench",
     "tier": "bench.tier_bench",
     "compaction": "bench.compaction_bench",
+    "auth": "bench.auth_bench",
 }
 
 PEER_TIMED = """\

@@ -102,14 +102,14 @@ class Result:
 class RawConn:
     """A minimal blocking AMQP client: pamqp for the handshake and setup, raw bytes after."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, user: str = "guest", password: str = "guest") -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
         self.sock.sendall(pheader.ProtocolHeader().marshal())
         self.expect(C.Connection.Start)
         self.send(0, C.Connection.StartOk(client_properties={"product": "unimq-bench", "capabilities": {
-            "publisher_confirms": True, "basic.nack": True}}, mechanism="PLAIN", response="\0guest\0guest",
+            "publisher_confirms": True, "basic.nack": True}}, mechanism="PLAIN", response=f"\0{user}\0{password}",
             locale="en_US"))
         tune = self.expect(C.Connection.Tune)
         self.frame_max = tune.frame_max or 131072
@@ -159,13 +159,14 @@ def _publish_frames(queue_name: str, sc: Scenario, frame_max: int) -> tuple[byte
     return head, _FRAME.pack(3, 1, sc.size)
 
 
-def measure(port: int, sc: Scenario, duration: float, broker_pids: list[int]) -> Result:
-    qname = f"bench-{sc.key}-{os.getpid()}"
-    setup = RawConn(port)
+def measure(port: int, sc: Scenario, duration: float, broker_pids: list[int], user: str = "guest",
+            password: str = "guest", queue: str = "") -> Result:
+    qname = queue or f"bench-{sc.key}-{os.getpid()}"
+    setup = RawConn(port, user, password)
     setup.send(1, C.Queue.Declare(queue=qname, durable=sc.durable))
     setup.expect(C.Queue.DeclareOk)
-    pub = RawConn(port)
-    con = RawConn(port)
+    pub = RawConn(port, user, password)
+    con = RawConn(port, user, password)
     if sc.confirm:
         pub.send(1, C.Confirm.Select())
         pub.expect(C.Confirm.SelectOk)

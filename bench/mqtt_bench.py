@@ -86,9 +86,15 @@ def _varlen(n: int) -> bytes:
             return bytes(out)
 
 
-def connect_pkt(cid: str, clean: bool = True, keepalive: int = 0) -> bytes:
+def connect_pkt(cid: str, clean: bool = True, keepalive: int = 0, auth: tuple[str, str] | None = None) -> bytes:
+    """CONNECT (3.1.1); ``auth`` is (user name, password) when the client logs in."""
     c = cid.encode()
-    body = b"\x00\x04MQTT\x04" + bytes([2 if clean else 0]) + _H.pack(keepalive) + _H.pack(len(c)) + c
+    flags = (2 if clean else 0) | (0xC0 if auth else 0)
+    body = b"\x00\x04MQTT\x04" + bytes([flags]) + _H.pack(keepalive) + _H.pack(len(c)) + c
+    if auth:
+        for field_ in auth:
+            f = field_.encode()
+            body += _H.pack(len(f)) + f
     return b"\x10" + _varlen(len(body)) + body
 
 
@@ -137,8 +143,9 @@ class Client(asyncio.Protocol):
     """Connects, optionally subscribes, then counts/acks what it receives."""
 
     def __init__(self, cid: str, sub: str | None = None, qos: int = 0, deliver_len: int = 0,
-                 latency: bool = False) -> None:
+                 latency: bool = False, auth: tuple[str, str] | None = None) -> None:
         self.cid = cid
+        self.auth = auth
         self.sub = sub
         self.qos = qos
         self.deliver_len = deliver_len  # QoS 0 deliveries: known packet size -> count bytes
@@ -158,7 +165,7 @@ class Client(asyncio.Protocol):
 
     def connection_made(self, t: asyncio.BaseTransport) -> None:
         self.transport = t  # type: ignore[assignment]
-        t.write(connect_pkt(self.cid) + (subscribe_pkt(self.sub, self.qos) if self.sub else b""))  # type: ignore[attr-defined]
+        t.write(connect_pkt(self.cid, auth=self.auth) + (subscribe_pkt(self.sub, self.qos) if self.sub else b""))  # type: ignore[attr-defined]
 
     def pause_writing(self) -> None:
         self.resume.clear()
@@ -227,8 +234,8 @@ class Client(asyncio.Protocol):
 class Publisher(Client):
     """Counts PUBACKs by byte length (4 bytes each; nothing else arrives after the handshake)."""
 
-    def __init__(self, cid: str) -> None:
-        super().__init__(cid)
+    def __init__(self, cid: str, auth: tuple[str, str] | None = None) -> None:
+        super().__init__(cid, auth=auth)
         self.ev = asyncio.Event()
         self.sent = 0
 
@@ -270,11 +277,13 @@ class FanIn:
     drained: bool = True
 
 
-async def fan_in(port: int, qos: int, duration: float) -> FanIn:
+async def fan_in(port: int, qos: int, duration: float, auth: tuple[str, str] | None = None) -> FanIn:
+    """``auth``: (user name, password) every client logs in with."""
     topic_len = len("bench/p0")
     deliver_len = 2 + 2 + topic_len + PAYLOAD  # QoS 0 PUBLISH to the subscriber
-    sub = await open_client(port, lambda: Client("bench-sub", "bench/#", qos, deliver_len if qos == 0 else 0))
-    pubs = [await open_client(port, lambda k=k: Publisher(f"bench-pub{k}")) for k in range(4)]
+    sub = await open_client(port, lambda: Client("bench-sub", "bench/#", qos, deliver_len if qos == 0 else 0,
+                                                        auth=auth))
+    pubs = [await open_client(port, lambda k=k: Publisher(f"bench-pub{k}", auth)) for k in range(4)]
     await asyncio.sleep(0.3)
     payload = b"x" * PAYLOAD
     sent = [0] * 4

@@ -87,7 +87,8 @@ def stop_group(proc: subprocess.Popen[Any], wait_s: float = 60.0) -> None:
 
 
 class UnimqChild:
-    """`unimq up` as a child process on ephemeral ports; ``port`` is the port of ``door``.
+    """`unimq up` as a child process on ephemeral ports; ``port`` is the port of ``door``
+    (``ports`` has every door's).
 
     ``config`` (TOML text), when given, is written beside the data dir and passed
     with ``--config``. Returns from the constructor once the server printed ready.
@@ -103,7 +104,7 @@ class UnimqChild:
             cfg = base / "unimq.toml"
             cfg.write_text(config)
             cmd += ["--config", str(cfg)]
-        listen = re.compile(rf"^unimq: {re.escape(door)} listening on \S+:(\d+)$")
+        listen = re.compile(r"^unimq: (\w+) listening on \S+:(\d+)$")
         self.log = base / "unimq.err"
         with self.log.open("w") as err:
             self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
@@ -118,6 +119,7 @@ class UnimqChild:
 
         threading.Thread(target=pump, daemon=True).start()
         self.port = 0
+        self.ports: dict[str, int] = {}  # every door's port, by the name it printed
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -128,7 +130,9 @@ class UnimqChild:
                 raise RuntimeError(f"unimq exited: {self.log.read_text()[-2000:]}")
             m = listen.match(line)
             if m:
-                self.port = int(m[1])
+                self.ports[m[1]] = int(m[2])
+                if m[1] == door:
+                    self.port = int(m[2])
             if line == "unimq: ready":
                 return
         self.stop()
