@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from gateway.access.authorizer import StoreAuthorizer, host_is_loopback
 from gateway.access.store import IdentityStore
+from gateway.access.login_throttle import LoginThrottle
 
 from .node import StartupError
 
@@ -38,6 +39,10 @@ def insecure_start_message(host: str) -> str:
 async def start_identities(settings: UnimqSettings, processor: MessagingProcessor) -> IdentityStore:
     """Load users and permissions, install the authorizer, refuse an unsafe start (StartupError)."""
     store = IdentityStore(processor, settings.auth_refresh_s)
+    store.throttle = LoginThrottle(settings.login_throttle_failures, settings.login_throttle_window_s,
+                                   settings.login_throttle_max_delay_s,
+                                   on_delay=lambda door: processor.metrics.inc("login_throttled", door),
+                                   loopback=settings.login_throttle_loopback)
     await store.start()
     loopback = host_is_loopback(settings.host)
     if not loopback and not store.has_users and not settings.allow_anonymous:

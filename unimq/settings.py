@@ -143,6 +143,12 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
     allow_anonymous: bool = False
     # How often a gateway looks for changes to users and permissions made elsewhere (seconds).
     auth_refresh_s: float = 0.5
+    # After this many failed logins within login_throttle_window_s from one IP address at one door,
+    # that address's next login attempts there wait before they are answered (0: never).
+    login_throttle_failures: int = 5
+    login_throttle_window_s: float = 60.0
+    login_throttle_max_delay_s: float = 5.0
+    login_throttle_loopback: bool = False  # also slow down loopback addresses (not behind a local proxy)
     # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
     # Queues given to an auto-created topic, and to a declared topic that names none.
@@ -185,6 +191,10 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
                 raise ValueError(f"min_insync_replicas must be at least 1, got {self.min_insync_replicas}")
         if not 0.05 <= self.auth_refresh_s <= 60:
             raise ValueError(f"auth_refresh_s must be between 0.05 and 60 seconds, got {self.auth_refresh_s!r}")
+        if self.login_throttle_failures < 0 or self.login_throttle_window_s <= 0 or \
+                not 0 <= self.login_throttle_max_delay_s <= 60:
+            raise ValueError("login_throttle_failures must be >= 0, login_throttle_window_s > 0 and "
+                             "login_throttle_max_delay_s between 0 and 60 seconds")
         level = str(self.log_level).lower()
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")

@@ -473,6 +473,8 @@ class AmqpConnection(asyncio.Protocol):
         self.client_caps = caps if isinstance(caps, dict) else {}
         ids = self.broker.identities
         user: str | None = None
+        if ids is not None:
+            await ids.throttle.wait("amqp", self.peer)
         if ids is not None and ids.has_users:  # the identity store first, then the door's amqp_users
             name, password = credentials(m.mechanism, m.response)
             if isinstance(name, str) and isinstance(password, str) and \
@@ -482,9 +484,13 @@ class AmqpConnection(asyncio.Protocol):
             try:
                 user = authenticate(m, self.settings, self.peer)
             except AmqpError:
+                if ids is not None:
+                    ids.throttle.failed("amqp", self.peer)
                 self.broker.processor.metrics.inc("auth_failed", "amqp")
                 log.warning("login failed: protocol=amqp from=%s", self.peer)
                 raise
+        if ids is not None:
+            ids.throttle.succeeded("amqp", self.peer)
         self.user = user
         self.ctx = RequestContext(protocol="amqp", client_id=str(self.client_properties.get("connection_name") or
                                                                  self.peer), remote_address=self.peer, principal=user)

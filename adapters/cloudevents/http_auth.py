@@ -112,7 +112,10 @@ class AuthMiddleware:
             return
         identities = self.state.identities
         principal, why = None, "no identity store"
+        client = scope.get("client")
+        ip = client[0] if client else ""
         if identities is not None:
+            await identities.throttle.wait("http", ip)
             try:
                 cred = parse_authorization(header)
             except MalformedCredentials as e:
@@ -126,7 +129,8 @@ class AuthMiddleware:
                     why = "unknown or revoked API key"
                 principal = user.name if user is not None else None
         if principal is None:
-            client = scope.get("client")
+            if identities is not None:
+                identities.throttle.failed("http", ip)
             peer = f"{client[0]}:{client[1]}" if client else "-"
             processor = self.state.processor
             if processor is not None:
@@ -134,6 +138,7 @@ class AuthMiddleware:
             log.warning("login failed: protocol=http from=%s reason=%r", peer, why)
             await unauthorized(why)(scope, receive, send)
             return
+        identities.throttle.succeeded("http", ip)
         scope[PRINCIPAL_KEY] = principal
         await self.app(scope, receive, send)
 

@@ -588,14 +588,20 @@ class MQTTBroker:
         ids = self.identities
         store_on = ids is not None and ids.has_users
         if pkt.username is not None:
+            if ids is not None:
+                await ids.throttle.wait("mqtt", conn.peer)
             ok = store_on and await ids.authenticate_password(pkt.username, pkt.password or b"") is not None
             if not ok and self.credentials.configured:
                 ok = self.credentials.check(pkt.username, pkt.password)
             if not ok and (store_on or self.credentials.configured or not cfg.allow_anonymous):
+                if ids is not None:
+                    ids.throttle.failed("mqtt", conn.peer)
                 self.processor.metrics.inc("auth_failed", "mqtt")
                 log.warning("login failed: protocol=mqtt from=%s user=%r", conn.peer, pkt.username)
                 conn.refuse(C.RC_BAD_USERNAME_OR_PASSWORD, "bad user name or password")
                 return
+            if ids is not None:
+                ids.throttle.succeeded("mqtt", conn.peer)
         elif not cfg.allow_anonymous:
             conn.refuse(C.RC_NOT_AUTHORIZED if v5 else C.RC_BAD_USERNAME_OR_PASSWORD,
                         "anonymous clients are not allowed")

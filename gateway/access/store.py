@@ -41,6 +41,7 @@ from ..context import RequestContext
 from .model import AccessKey, ApiKey, Permission, Snapshot, User, new_access_key, new_api_key, split_api_key, validate_name
 from .passwords import hash_password, needs_rehash, verify_password
 from .permissions import Rules
+from .login_throttle import LoginThrottle
 
 if TYPE_CHECKING:
     from ..api import MessagingAPI
@@ -82,6 +83,7 @@ class IdentityStore:
         self._verified: dict[tuple[str, bytes], str] = {}  # (user, hmac(password)) -> hash it verified against
         self.listeners: list[Callable[[], None]] = []  # called after every reload
         self._rehashing: set[str] = set()
+        self.throttle = LoginThrottle()  # every door's failed logins, per address (README "Security")
 
     # -- lifecycle
 
