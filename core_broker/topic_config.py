@@ -87,6 +87,18 @@ def validate_attributes(attributes: dict) -> dict[str, str]:
     return attrs
 
 
+def merge_attributes(current: dict[str, str], changes: dict[str, str | None]) -> dict[str, str]:
+    """A topic's attributes after an update: ``changes`` merged over ``current``, a ``None`` value
+    removing that attribute, the result checked as at creation (:func:`validate_attributes`)."""
+    merged = dict(current)
+    for k, v in changes.items():
+        if v is None:
+            merged.pop(str(k), None)
+        else:
+            merged[str(k)] = str(v)
+    return validate_attributes(merged)
+
+
 class TopicConfigManager:
     """All topics of one store; every change is written through to ``topics.json``.
 

@@ -232,7 +232,8 @@ class ProcessorCalls(Protocol):
     async def host_lmq(self, ctx: RequestContext, name: str, broker: str) -> None: ...
 
     async def update_topic(
-        self, ctx: RequestContext, name: str, *, queues: int | None = None, perm: int | None = None
+        self, ctx: RequestContext, name: str, *, queues: int | None = None, perm: int | None = None,
+        attributes: dict[str, str | None] | None = None,
     ) -> TopicConfig: ...
 
     async def delete_topic(self, ctx: RequestContext, name: str) -> None: ...

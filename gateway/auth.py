@@ -24,7 +24,7 @@ query_message_by_id                                   SUBSCRIBE on the found mes
 query_route, describe_topic                           PUBLISH or SUBSCRIBE topic (either will do)
 list_topics                                           lists only topics the caller may use so
 create_topic, host_lmq                                CREATE topic
-update_topic                                          ADMIN topic
+update_topic                                          ADMIN topic; attributes: CREATE or ADMIN
 delete_topic                                          DELETE topic
 kv_put, kv_get, kv_items                              ADMIN door_state (its namespace)
 consumer_lag, store_stats                             ADMIN cluster ("")

@@ -26,7 +26,7 @@ from core_broker.pop_service import PoppedMessage
 from core_broker.receipt import InvalidReceiptHandleError, broker_of
 from core_broker.record_layout import LAYOUT
 from core_broker.system_topics import RESERVED_PREFIX, dlq_topic, is_lmq, is_system_topic
-from core_broker.topic_config import TopicConfig, validate_attributes, validate_topic_name
+from core_broker.topic_config import TopicConfig, merge_attributes, validate_attributes, validate_topic_name
 from core_broker.transaction_service import TransactionChecker
 
 from .api import (
@@ -719,17 +719,18 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls):
         await self.broker.host_queue(broker, name)
 
     async def update_topic(
-        self, ctx: RequestContext, name: str, *, queues: int | None = None, perm: int | None = None
+        self, ctx: RequestContext, name: str, *, queues: int | None = None, perm: int | None = None,
+        attributes: dict[str, str | None] | None = None,
     ) -> TopicConfig:
-        self._check(ctx, Action.ADMIN, _TOPIC, name)
-        route = await self._route(ctx, name)
-        tc = route.config
+        """Add queues, set the permission (ADMIN), merge ``attributes`` (a None value removes one,
+        checked as at creation; alone they need CREATE, as creating the topic does, or ADMIN)."""
+        if queues is not None or perm is not None or not self.allowed(ctx, Action.CREATE, _TOPIC, name):
+            self._check(ctx, Action.ADMIN, _TOPIC, name)
+        tc = (await self._route(ctx, name)).config
+        attrs = (await self.broker.describe_topic(name)).config.attributes  # a route carries none
         updated = TopicConfig(
-            name,
-            queues=queues if queues is not None else tc.queues,
-            message_type=tc.message_type,
-            perm=perm if perm is not None else tc.perm,
-            attributes=dict(tc.attributes),
+            name, queues=queues if queues is not None else tc.queues, message_type=tc.message_type,
+            perm=perm if perm is not None else tc.perm, attributes=merge_attributes(attrs, attributes or {}),
         )
         if updated.queues < tc.queues:
             raise BadRequestError("queues can be added to a topic, not removed")

@@ -301,7 +301,10 @@ class RemoteBrokerClient:
         if config is None:
             raise PeerUnavailableError(f"no broker of topic {name!r} answered")
         queues.sort(key=lambda q: q.queue_id)
-        return TopicStats(TopicConfig(name, queues=max(1, min(len(queues), 1024)), message_type=config.message_type), queues)
+        # the cluster's queues; type and attributes are the same on every broker holding the topic
+        tc = TopicConfig(name, queues=max(1, min(len(queues), 1024)), message_type=config.message_type,
+                         attributes=dict(config.attributes))
+        return TopicStats(tc, queues)
 
     # ------------------------------------------------------------------ data path
 

@@ -29,6 +29,13 @@ class TopicCreate(BaseModel):
     )
 
 
+class TopicUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    attributes: dict[str, str | None] = Field(
+        description="attributes merged into the topic's, checked as at creation; a null value removes one",
+    )
+
+
 class QueueOut(BaseModel):
     queue_id: int
     min_offset: int
@@ -39,6 +46,7 @@ class TopicOut(BaseModel):
     name: str
     type: str
     queues: list[QueueOut]
+    attributes: dict[str, str] | None = Field(None, description="the topic's attributes, when it has any")
 
 
 class SendOut(BaseModel):

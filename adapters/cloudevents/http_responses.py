@@ -73,11 +73,14 @@ def message_json(m: Any, delivery_attempt: int | None = None, receipt_handle: st
 
 
 def topic_json(stats: Any) -> dict[str, Any]:
-    return {
+    out = {
         "name": stats.config.name,
         "type": stats.config.message_type.value,
         "queues": [{"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset} for q in stats.queues],
     }
+    if stats.config.attributes:  # only when set: a plain topic's description stays as it was
+        out["attributes"] = dict(stats.config.attributes)
+    return out
 
 
 def wants_cloudevents(request: Request) -> bool:

@@ -1,6 +1,6 @@
-"""The HTTP door's topic admin routes: list and create (``/v1/topics``), describe and delete one.
+"""The HTTP door's topic admin routes: list and create (``/v1/topics``), describe, update and delete one.
 
-Why two routers: describing and deleting a topic answer at ``/v1/topics/{topic}``
+Why two routers: describing, updating and deleting a topic answer at ``/v1/topics/{topic}``
 where the topic name may hold slashes, so that path matches any suffix;
 :func:`named_router` must be included after every other ``/v1/topics/...``
 route (``create_app`` does), or it would shadow them.
@@ -16,7 +16,7 @@ from core_broker.model import MessageType
 from gateway.auth import Action, ForbiddenError, Resource
 from gateway.context import INTERNAL
 
-from .http_models import ERRORS, ErrorOut, TopicCreate, TopicOut
+from .http_models import ERRORS, ErrorOut, TopicCreate, TopicOut, TopicUpdate
 from .http_request import Deps, request_context
 from .http_responses import json_response, topic_json
 
@@ -69,7 +69,7 @@ def router(deps: Deps) -> APIRouter:
 
 
 def named_router(deps: Deps) -> APIRouter:
-    """``GET``/``DELETE /v1/topics/{topic}``: include it last (its path matches any suffix)."""
+    """``GET``/``PATCH``/``DELETE /v1/topics/{topic}``: include it last (its path matches any suffix)."""
     processor = deps.processor
     router = APIRouter()
 
@@ -78,6 +78,20 @@ def named_router(deps: Deps) -> APIRouter:
         """A topic's type and its queues' min/max offsets."""
         p = processor()
         return json_response(topic_json(await p.describe_topic(request_context(request, "http"), topic)))
+
+    @router.patch("/v1/topics/{topic:path}", tags=["topics"], response_model=TopicOut, responses=ERRORS)
+    async def update_topic(body: TopicUpdate, request: Request, topic: str = Path(description="topic name")) -> Response:
+        """Change a topic's attributes: merged into its own, a null value removing one; checked as at
+        creation (400); needs the permission creating the topic needs, or admin. Every broker holding
+        the topic takes the change."""
+        p = processor()
+        ctx = request_context(request, "http")
+        tc = await p.update_topic(ctx, topic, attributes=body.attributes)
+        try:
+            return json_response(topic_json(await p.describe_topic(ctx, topic)))
+        except ForbiddenError:  # may change it, may neither publish nor subscribe: no offsets to show
+            return json_response({"name": topic, "type": tc.message_type.value, "queues": [],
+                                  "attributes": dict(tc.attributes)})
 
     @router.delete("/v1/topics/{topic:path}", tags=["topics"], status_code=204, response_class=Response,
                    responses=ERRORS)

@@ -1,4 +1,4 @@
-"""`unimq topic create|list|describe|delete`: topic admin over the HTTP door's /v1/topics API.
+"""`unimq topic create|list|describe|update|delete`: topic admin over the HTTP door's /v1/topics API.
 
 Why over HTTP and not by opening the store: the store belongs to the running
 `unimq up` process (one writer), and the HTTP door is the admin surface every
@@ -27,8 +27,8 @@ def add_parser(sub: Any) -> None:
     """Register the ``topic`` subcommand on the CLI's subparsers."""
     topic = sub.add_parser(
         "topic",
-        help="create, list, describe or delete topics on a running unimq (over its HTTP door)",
-        description="Topic admin against a running unimq through its HTTP door (POST/GET/DELETE /v1/topics).",
+        help="create, list, describe, update or delete topics on a running unimq (over its HTTP door)",
+        description="Topic admin against a running unimq through its HTTP door (POST/GET/PATCH/DELETE /v1/topics).",
     )
     # The common options work before or after the action (`unimq topic list --endpoint URL`).
     add_common(topic, None)
@@ -47,6 +47,10 @@ def add_parser(sub: Any) -> None:
     lst.add_argument("--all", action="store_true", help="include system topics (%%DLQ%%, %%RETRY%%, ...)")
     describe = actions.add_parser("describe", parents=[shared], help="a topic's type and each queue's min/max offsets")
     describe.add_argument("name")
+    update = actions.add_parser("update", parents=[shared], help="change a topic's attributes (merged into its own)")
+    update.add_argument("name")
+    update.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
+                        help="an attribute to set, repeatable; KEY= (empty value) removes it")
     delete = actions.add_parser("delete", parents=[shared], help="delete a topic")
     delete.add_argument("name")
     compact = actions.add_parser("compact", parents=[shared], help="compact a COMPACTED topic now (what it can)")
@@ -64,6 +68,8 @@ def _print_topic(t: dict[str, Any]) -> None:
     queues = t["queues"]
     total = sum(q["max_offset"] - q["min_offset"] for q in queues)
     print(f"{t['name']}  type={t['type']}  queues={len(queues)}  messages={total}")
+    if t.get("attributes"):
+        print("  attributes: " + " ".join(f"{k}={v}" for k, v in sorted(t["attributes"].items())))
     for q in queues:
         print(f"  queue {q['queue_id']}: min_offset={q['min_offset']} max_offset={q['max_offset']}")
 
@@ -80,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
             status, body = _call(args, "GET", "/v1/topics" + ("?include_system=true" if args.all else ""))
         elif cmd == "describe":
             status, body = _call(args, "GET", _path(args.name))
+        elif cmd == "update":
+            changes = {k: v or None for k, v in (a.partition("=")[::2] for a in args.attr)}
+            status, body = _call(args, "PATCH", _path(args.name), {"attributes": changes})
         elif cmd == "delete":
             status, body = _call(args, "DELETE", _path(args.name))
         elif cmd == "compact":
@@ -104,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         for t in body:
             n = sum(q["max_offset"] - q["min_offset"] for q in t["queues"])
             print(f"{t['name']}\t{t['type']}\tqueues={len(t['queues'])}\tmessages={n}")
-    elif cmd == "describe":
+    elif cmd in ("describe", "update"):
         _print_topic(body)
     elif cmd == "compact":
         print(f"compacted: {args.name}: {body['passes']} pass(es) over {body['queues']} queue(s), "
