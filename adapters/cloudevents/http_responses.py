@@ -78,8 +78,9 @@ def topic_json(stats: Any) -> dict[str, Any]:
         "type": stats.config.message_type.value,
         "queues": [{"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset} for q in stats.queues],
     }
-    if stats.config.attributes:  # only when set: a plain topic's description stays as it was
-        out["attributes"] = dict(stats.config.attributes)
+    attrs = getattr(stats.config, "attributes", None)  # any object shaped like TopicStats will do
+    if attrs:  # only when set: a plain topic's description stays as it was
+        out["attributes"] = dict(attrs)
     return out
 
 
