@@ -40,7 +40,7 @@ def test_schemathesis_finds_no_server_error(unimq_server, tmp_path: Path) -> Non
             "--phases", "coverage,fuzzing,stateful",
             "--seed", "20260501",
             "--request-timeout", "20",
-            "--workers", "2",
+            "--workers", "1",  # 2 workers hit CPython 3.11's "AST constructor recursion depth mismatch" in hypothesis
             "--no-shrink",
             "--report-dir", str(report),
         ],
