@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Protocol, Sequence
+from typing import Any, Iterable, NamedTuple, Protocol, Sequence
 
 from core_broker.broker_controller import TopicStats
 from core_broker.errors import BadRequestError, UnimqError
@@ -276,6 +276,19 @@ class ProcessorCalls(Protocol):
         ...
 
 
+class DoorFeed(Protocol):
+    """The brokers' door-state feed (``core_broker/door_feed.py``): how a door that keeps door
+    state in memory for routing (the MQTT door, with several gateways on one port) learns what
+    other gateways wrote. Only an in-process processor offers it (:meth:`MessagingAPI.door_feed`)."""
+
+    async def door_brokers(self) -> list[str]: ...
+
+    async def door_watch(self, broker: str, gateway: str, namespaces: list[str], incarnation: str, seq: int,
+                         timeout_s: float) -> dict[str, Any]: ...
+
+    async def door_notify(self, broker: str, gateway: str, notes: list[Any]) -> None: ...
+
+
 class MessagingAPI(ProcessorCalls, Protocol):
     """What a door holds: :class:`ProcessorCalls` plus the in-process hooks."""
 
@@ -309,6 +322,11 @@ class MessagingAPI(ProcessorCalls, Protocol):
     def allowed(self, ctx: RequestContext, action: Action, resource: Resource, name: str) -> bool: ...
 
     def set_authorizer(self, authorizer: Authorizer) -> None: ...
+
+    def door_feed(self) -> DoorFeed | None:
+        """The brokers' door-state feed, or None where this processor cannot follow it (a
+        remote processor over the gateway RPC: a door on it then keeps its state to itself)."""
+        ...
 
 
 def protocol_methods(protocol: type) -> tuple[str, ...]:

@@ -157,6 +157,9 @@ class BrokerClient(Protocol):
     async def door_watch(self, broker: str, gateway: str, namespaces: list[str], incarnation: str, seq: int,
                          timeout_s: float) -> dict[str, Any]: ...
     async def door_notify(self, broker: str, gateway: str, notes: list[Any]) -> None: ...
+    async def broker_names(self) -> list[str]:
+        """The names of every broker this client reaches (a fresh ask of the nameservers)."""
+        ...
 
     # -- observability
     async def consumer_lag(self) -> list[tuple[str, str, int]]: ...
@@ -326,6 +329,9 @@ class LocalBrokerClient:
 
     async def door_notify(self, broker: str, gateway: str, notes: list[Any]) -> None:
         self._check(broker).door_feed.notify(gateway, notes)
+
+    async def broker_names(self) -> list[str]:
+        return [self.name]  # in process: the one broker
 
     # -- observability
     async def consumer_lag(self) -> list[tuple[str, str, int]]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from core_broker.errors import UnimqError
 
 if TYPE_CHECKING:
+    from .api import DoorFeed
     from .broker_client import BrokerClient
 
 __all__ = ["DoorWatchCalls"]
@@ -26,11 +27,8 @@ class DoorWatchCalls:
 
     async def door_brokers(self) -> list[str]:
         """The names of the brokers whose feeds a watcher follows (every registered one)."""
-        lister = getattr(self.broker, "list_brokers", None)
-        if lister is None:  # in process: the one broker
-            return [self.broker.name]  # type: ignore[attr-defined]
         try:
-            return sorted(b["name"] for b in await lister(refresh=True))
+            return await self.broker.broker_names()
         except (UnimqError, OSError):
             return []
 
@@ -38,6 +36,9 @@ class DoorWatchCalls:
                          timeout_s: float) -> dict[str, Any]:
         """``broker``'s door-state changes after ``seq`` and the notes for ``gateway`` (a long poll)."""
         return await self.broker.door_watch(broker, gateway, namespaces, incarnation, seq, timeout_s)
+
+    def door_feed(self) -> "DoorFeed | None":
+        return self
 
     async def door_notify(self, broker: str, gateway: str, notes: list[Any]) -> None:
         """Leave ``notes`` for ``gateway`` on ``broker`` (it gets them with its next watch there)."""

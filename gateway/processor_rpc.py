@@ -209,6 +209,10 @@ class RemoteProcessor:
         if router in self._routers:
             self._routers.remove(router)
 
+    def door_feed(self) -> None:
+        """No feed over the gateway RPC: a door on this client keeps its door state to itself."""
+        return None
+
     def __getattr__(self, name: str) -> Any:
         # the processor API's other calls go over the wire as they are
         if name not in _CALL_SET:

@@ -557,6 +557,9 @@ class RemoteBrokerClient:
     async def door_notify(self, broker: str, gateway: str, notes: list[Any]) -> None:
         await self._call(broker, "door_notify", gateway, notes)
 
+    async def broker_names(self) -> list[str]:
+        return sorted(b["name"] for b in await self.list_brokers(refresh=True))
+
     # ------------------------------------------------------------------ observability
 
     async def _every_broker(self, method: str) -> list[Any]:

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -21,7 +20,9 @@ from adapters.cloudevents import http_pop
 from adapters.cloudevents.http_app import create_app
 from adapters.cloudevents.http_errors import install_error_handlers
 from adapters.cloudevents.http_request import Deps
+from core_broker.broker_controller import QueueStats, TopicStats
 from core_broker.model import FilterType, GetResult, GetStatus, MessageType
+from core_broker.topic_config import TopicConfig
 from gateway.api import ArrowPage, ArrowUnavailableError
 from gateway.door import ServerState
 from unimq.settings import UnimqSettings
@@ -50,8 +51,8 @@ class FakeProcessor:
 
     async def describe_topic(self, ctx: Any, name: str) -> Any:
         self.calls.append(("describe_topic", name))
-        queues = [SimpleNamespace(queue_id=q, min_offset=0, max_offset=1) for q in (0, 1)]
-        return SimpleNamespace(config=SimpleNamespace(name=name, message_type=MessageType.NORMAL), queues=queues)
+        queues = [QueueStats(queue_id=q, min_offset=0, max_offset=1) for q in (0, 1)]
+        return TopicStats(config=TopicConfig(name=name, message_type=MessageType.NORMAL), queues=queues)
 
     async def pull(self, ctx: Any, topic: str, queue_id: int, offset: int, max_count: int = 32,
                    filter_expression: Any = None, wait_ms: int = 0) -> GetResult:

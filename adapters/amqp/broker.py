@@ -185,11 +185,7 @@ class AmqpBroker:
             for q in vh.queues.values():
                 if q.task is not None:
                     q.task.cancel()
-        for t in list(self._background):
-            try:
-                await asyncio.wait_for(t, 5)
-            except BaseException:
-                pass
+        await self._settle_background()
         for vh in self.vhosts.values():  # last, complete cursors (settled sets of any size)
             for q in vh.queues.values():
                 if q.persist and not q.deleted:
@@ -197,11 +193,16 @@ class AmqpBroker:
                         await self.processor.kv_put(self.ctx, KV_NS, q.cursor_key(), q.cursor_json(full=True))
                     except UnimqError as e:
                         log.warning("could not save the cursor of queue %r: %s", q.name, e)
-        for t in list(self._background):
-            try:
-                await asyncio.wait_for(t, 5)
-            except BaseException:
-                pass
+        await self._settle_background()
+
+    async def _settle_background(self) -> None:
+        """Give the background tasks (cursor saves, queue loops) 5 s to end. ``asyncio.wait``
+        rather than awaiting each under ``wait_for``: a task's own error or cancel is not this
+        stop's, and a cancel of the stop itself is never swallowed."""
+        if self._background:
+            _, late = await asyncio.wait(list(self._background), timeout=5)
+            for t in late:  # stuck past the bound: cancelled, as a stop must end
+                t.cancel()
 
     async def _load(self) -> None:
         items = await self.processor.kv_items(self.ctx, KV_NS)

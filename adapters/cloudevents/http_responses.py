@@ -18,6 +18,8 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
+from gateway.api import TopicStats
+
 from .mapping import CE_BATCH_CONTENT_TYPE, to_structured_json
 
 __all__ = [
@@ -72,13 +74,13 @@ def message_json(m: Any, delivery_attempt: int | None = None, receipt_handle: st
     return d
 
 
-def topic_json(stats: Any) -> dict[str, Any]:
+def topic_json(stats: TopicStats) -> dict[str, Any]:
     out = {
         "name": stats.config.name,
         "type": stats.config.message_type.value,
         "queues": [{"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset} for q in stats.queues],
     }
-    attrs = getattr(stats.config, "attributes", None)  # any object shaped like TopicStats will do
+    attrs = stats.config.attributes
     if attrs:  # only when set: a plain topic's description stays as it was
         out["attributes"] = dict(attrs)
     return out

@@ -46,6 +46,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from gateway.api import DoorFeed
+
 from .codec import MQTTProtocolError
 from .retained import KV_RETAINED
 from .session import Session
@@ -69,9 +71,10 @@ class Fleet:
         self.broker = broker
         self.processor = broker.processor
         self.gid = uuid.uuid4().hex[:16]
-        # the processor offers the brokers' door-state feed (MessagingProcessor does; a remote
-        # processor over the gateway RPC does not: its door then stays on its own)
-        self.enabled = callable(getattr(self.processor, "door_watch", None))
+        # the brokers' door-state feed (MessagingProcessor offers it; a remote processor over
+        # the gateway RPC does not: its door then stays on its own)
+        self.feed = self.processor.door_feed()
+        self.enabled = self.feed is not None
         self.timeout_s = broker.config.takeover_timeout_s
         self.seen: dict[tuple[str, str], int] = {}  # (namespace, key) -> newest version taken in
         self.live: dict[str, float] = {}  # gateway id -> when a broker last saw it polling
@@ -82,6 +85,11 @@ class Fleet:
         self._notes: dict[str, dict[str, list[list[Any]]]] = {}  # broker -> owner -> wake notes
         self.takeovers = 0  # sessions this gateway took from another one
 
+    def _feed(self) -> DoorFeed:
+        """The feed; only called on the paths ``enabled`` guards."""
+        assert self.feed is not None, "the fleet is off without a door-state feed"
+        return self.feed
+
     # -- lifecycle
 
     async def start(self) -> None:
@@ -91,9 +99,9 @@ class Fleet:
             return
         self._stopping = False
         cursors = {}
-        for name in await self.processor.door_brokers():  # type: ignore[attr-defined]
+        for name in await self._feed().door_brokers():
             try:
-                cursors[name] = self._take(await self.processor.door_watch(  # type: ignore[attr-defined]
+                cursors[name] = self._take(await self._feed().door_watch(
                     name, self.gid, NAMESPACES, "", 0, 0.0))
             except Exception as e:  # that broker's watcher tries again
                 log.debug("mqtt fleet: first read of %s failed: %s", name, e)
@@ -115,7 +123,7 @@ class Fleet:
     async def _manage(self, cursors: dict[str, tuple[str, int]]) -> None:
         """One watcher per registered broker (brokers come and go)."""
         while not self._stopping:
-            for name in await self.processor.door_brokers():  # type: ignore[attr-defined]
+            for name in await self._feed().door_brokers():
                 t = self._watchers.get(name)
                 if t is None or t.done():
                     self._watchers[name] = asyncio.get_running_loop().create_task(
@@ -125,7 +133,7 @@ class Fleet:
     async def _watch(self, broker: str, inc: str, seq: int) -> None:
         while not self._stopping:
             try:
-                r = await self.processor.door_watch(  # type: ignore[attr-defined]
+                r = await self._feed().door_watch(
                     broker, self.gid, NAMESPACES, inc, seq, WATCH_S)
             except asyncio.CancelledError:
                 raise
@@ -270,7 +278,7 @@ class Fleet:
             return
         s.owner, s.epoch, s.online = self.gid, epoch, False
         self.takeovers += 1
-        await b.adopt_owned(s, await self.processor.door_brokers())  # type: ignore[attr-defined]
+        await b.adopt_owned(s, await self._feed().door_brokers())
 
     def new_owner(self, s: Session) -> None:
         """``s`` is attached here: its record names this gateway from now on."""
@@ -302,7 +310,7 @@ class Fleet:
 
     async def _send_notes(self, broker: str, owner: str, items: list[list[Any]]) -> None:
         try:
-            await self.processor.door_notify(broker, owner, items)  # type: ignore[attr-defined]
+            await self._feed().door_notify(broker, owner, items)
         except Exception as e:  # a hint: the owner reads the lane at its next wake anyway
             log.debug("mqtt fleet: notes to %s via %s failed: %s", owner, broker, e)
 

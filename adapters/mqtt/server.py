@@ -68,9 +68,10 @@ async def _close_server(server: Any) -> None:
     """Stop listening and wait (a second at most) for the server to say it is closed."""
     if server is not None:
         server.close()
-        try:
-            await asyncio.wait_for(server.wait_closed(), 1)
-        except asyncio.TimeoutError:  # pragma: no cover
+        try:  # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a cancel of this stop
+            async with asyncio.timeout(1):
+                await server.wait_closed()
+        except TimeoutError:  # pragma: no cover
             pass
 
 
@@ -247,9 +248,10 @@ class MQTTWebSocketDoor:
         finally:
             conn.lost()
             transport.close()
-            try:
-                await asyncio.wait_for(transport.sender, 5)
-            except (asyncio.TimeoutError, Exception):
+            try:  # asyncio.timeout: a cancel of this handler must not be dropped (see _close_server)
+                async with asyncio.timeout(5):
+                    await transport.sender
+            except Exception:  # TimeoutError included: the sender's own end does not matter here
                 pass
 
     async def stop(self) -> None:

@@ -35,6 +35,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from core_broker.deadline_loop import DeadlineLoop
 from core_broker.errors import InvalidArgumentError, UnimqError
 
 from ..context import RequestContext
@@ -78,7 +79,8 @@ class IdentityStore:
         self._keys: dict[str, tuple[str, ApiKey]] = {}  # key id -> (user, key)
         self._access: dict[str, tuple[str, str]] = {}  # RocketMQ access key -> (user, secret)
         self._rev: bytes | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._loop = DeadlineLoop("unimq-identity-refresh", self._poll_once, max_sleep_s=refresh_s,
+                                  first_delay_s=refresh_s)
         self._pepper = os.urandom(32)  # this process's key for remembering verified passwords
         self._verified: dict[tuple[str, bytes], str] = {}  # (user, hmac(password)) -> hash it verified against
         self.listeners: list[Callable[[], None]] = []  # called after every reload
@@ -89,28 +91,20 @@ class IdentityStore:
 
     async def start(self) -> None:
         await self.reload()
-        self._task = asyncio.get_running_loop().create_task(self._poll(), name="unimq-identity-refresh")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._loop.stop()
 
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            try:
-                rev = await self.processor.kv_get(_CTX, NAMESPACE, "rev")
-                if rev != self._rev:
-                    await self.reload()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # brokers briefly unreachable: keep the cached rules, ask again
-                log.debug("identity store refresh failed: %s", e)
+    async def _poll_once(self) -> float:
+        """One look at ``rev``; the next one ``refresh_s`` later."""
+        try:
+            rev = await self.processor.kv_get(_CTX, NAMESPACE, "rev")
+            if rev != self._rev:
+                await self.reload()
+        except (UnimqError, OSError) as e:  # brokers briefly unreachable: keep the cached rules, ask again
+            log.debug("identity store refresh failed: %s", e)
+        return self.refresh_s
 
     async def reload(self) -> None:
         """Read every user and permission again (the cache is replaced in one step)."""
