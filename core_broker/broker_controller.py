@@ -523,6 +523,7 @@ class BrokerController(MessageQueries):
         wait_ms: int = 0,
         from_latest: bool = False,
         fifo: bool | None = None,
+        skip_queues: Sequence[int] = (),
     ) -> list[PoppedMessage]:
         tc = self.store.topics.get(topic)
         if tc is None:
@@ -539,6 +540,8 @@ class BrokerController(MessageQueries):
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
             queues = self._pop_queues(group, topic, tc)
+            if skip_queues:  # a static FIFO topic's queues whose older part elsewhere is not consumed yet
+                queues = [(t, q) for t, q in queues if t != topic or q not in skip_queues]
             ahead = None
             if self.cold_pops is not None:
                 ahead = await self.cold_pops.read_ahead(group, queues, max_count, flt, is_fifo, from_latest)

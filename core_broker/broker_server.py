@@ -25,7 +25,9 @@ from .model import StoredMessage
 from .remoting.client import RpcClient
 from .remoting.rows import get_result_to_block, messages_from_block, popped_to_block, put_results_to_block
 from .remoting.server import RpcServer
-from .errors import BrokerWriteBlockedError, NotMasterError
+from .errors import BadRequestError, BrokerWriteBlockedError, NotMasterError
+from .logic_queue import QueueMapping
+from .static_fence import StaticFence
 from .replication.service import ReplicationConfig, ReplicationService
 from .system_topics import is_lmq
 from .topic_config import PERM_RW, PERM_WRITE, TopicConfig
@@ -39,7 +41,7 @@ REMOTE_METHODS = [
     "kv_items", "kv_get_versioned", "kv_items_versioned", "door_watch", "door_notify", "poll_transaction_checks",
     "transaction_check_outcome",
     "consumer_lag", "store_stats", "group_queues", "reset_offset", "repl_hello", "repl_fetch", "repl_state",
-    "read_table", "compact_topic",
+    "read_table", "compact_topic", "seal_queue", "consumed_offset",
 ]
 # What a replica (or a group member with no role yet) answers; everything else is its master's.
 REPLICA_METHODS = frozenset({"ping", "repl_hello", "repl_fetch", "repl_state"})
@@ -78,6 +80,7 @@ class BrokerServer:
         self._n_connections = 0  # open RPC connections (gateways)
         self._registering: asyncio.Task | None = None  # registration of a topic change
         self._reregister = False  # topics changed again while it was under way
+        self.fence = StaticFence(self.name)  # the logic queues of static topics this broker writes
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -134,6 +137,7 @@ class BrokerServer:
         self.controller.transactions.hold_checks = self._no_gateway
         self.controller.set_transaction_checker(self._queue_check)
         self.controller.on_topics_changed = self._topics_changed
+        self._reload_fence()
 
     async def stop(self) -> None:
         if self._heartbeat is not None:
@@ -162,11 +166,15 @@ class BrokerServer:
         await self.controller.stop()
 
     def _topics(self) -> dict[str, dict]:
-        return {
-            t.name: {"queues": t.queues, "queue_base": t.queue_base, "perm": t.perm, "type": t.message_type.value}
-            for t in self.controller.list_topics(include_system=True)
-            if not is_lmq(t.name)  # every broker holds every LMQ: no route to register
-        }
+        out = {}
+        for t in self.controller.list_topics(include_system=True):
+            if is_lmq(t.name):  # every broker holds every LMQ: no route to register
+                continue
+            out[t.name] = {"queues": t.queues, "queue_base": t.queue_base, "perm": t.perm,
+                           "type": t.message_type.value}
+            if t.mapping is not None:
+                out[t.name]["mapping"] = t.mapping
+        return out
 
     async def register(self) -> int:
         ok = 0
@@ -220,21 +228,43 @@ class BrokerServer:
         self.perm = perm
         await self.register()
 
+    def _reload_fence(self) -> None:
+        self.fence.reload(self.controller.list_topics())
+
     async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
         r = self.controller.create_topic(tc, exist_ok)
         if not is_lmq(tc.name):
+            self._reload_fence()
             await self.register()
         return r
 
     async def update_topic(self, tc: TopicConfig) -> TopicConfig:
+        cur = self.controller.get_topic(tc.name)
+        if cur is not None and cur.mapping is not None and tc.mapping is not None:
+            if QueueMapping.from_json(tc.mapping).epoch < QueueMapping.from_json(cur.mapping).epoch:
+                raise BadRequestError(f"the map of {tc.name!r} given is older than this broker's")
         r = self.controller.update_topic(tc)
+        self._reload_fence()
         await self.register()
         return r
 
     async def delete_topic(self, name: str) -> None:
         self.controller.delete_topic(name)
         if not is_lmq(name):
+            self._reload_fence()
             await self.register()
+
+    def seal_queue(self, topic: str, queue_id: int, epoch: int) -> int:
+        """Close this broker's item of a static topic's logic queue where its physical queue
+        ends now, and answer that end (a remap's first step; see static_fence.py). Synchronous
+        on purpose: no put can run between reading the end and fencing the queue."""
+        tc = self.controller.store.topics.require(topic)
+        sealed = self.fence.seal(tc, queue_id, self.controller.store.max_offset(topic, queue_id), epoch)
+        if sealed is not None:
+            self.controller.update_topic(sealed)
+            self._reload_fence()
+            self._topics_changed()
+        return QueueMapping.from_json(self.controller.store.topics.require(topic).mapping or {}).last(queue_id).phys_end
 
     def get_topic(self, name: str) -> TopicConfig | None:
         return self.controller.get_topic(name)
@@ -251,19 +281,26 @@ class BrokerServer:
         """``block``: messages as rows; answers one (PutResult, transaction id) row per message."""
         if not self.perm & PERM_WRITE:
             raise BrokerWriteBlockedError(f"broker {self.name} is write-blocked")
-        put = await self.controller.send(
-            messages_from_block(block), transactional=transactional, producer_group=producer_group
-        )
+        msgs = messages_from_block(block)
+        leads = self.fence.check(msgs, transactional) if self.fence.maps else None
+        put = await self.controller.send(msgs, transactional=transactional, producer_group=producer_group)
+        if leads is not None:
+            put = self.fence.to_logic(leads, put)
         return put_results_to_block(put)
 
     async def end_transaction(self, transaction_id, commit, source="client"):
         await self.controller.end_transaction(transaction_id, commit, source)
 
     async def pop(self, group, topic, max_count, invisible_ms, filter_expression=None, wait_ms=0,
-                  from_latest=False) -> bytes:
-        return popped_to_block(
-            await self.controller.pop(group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest)
-        )
+                  from_latest=False, skip_queues=()) -> bytes:
+        return popped_to_block(await self.controller.pop(
+            group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest, skip_queues=skip_queues))
+
+    def consumed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """Below which offset ``group`` has consumed and acked everything of a queue: its pop
+        cursor's floor, else its committed offset (a static FIFO topic's drain check)."""
+        c = self.controller.pops.cursors.get((group, topic, queue_id))
+        return c.floor() if c is not None else self.controller.get_offset(group, topic, queue_id)
 
     async def ack(self, group, receipt_handle):
         await self.controller.ack(group, receipt_handle)

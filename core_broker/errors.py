@@ -117,3 +117,10 @@ class ReplicaOffsetMismatchError(UnimqError):
     """Replication: bytes offered to a replica do not start where its log ends."""
 
     code = "REPLICA_OFFSET_MISMATCH"
+
+
+class QueueMovedError(UnimqError):
+    """A static topic's logic queue is not written on this broker (any more): a remap moved it.
+    Retriable: the sender asks the routes again and sends to the queue's new broker."""
+
+    code = "QUEUE_MOVED"

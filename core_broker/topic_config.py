@@ -32,6 +32,13 @@ class TopicConfig:
     # First queue id on this broker. In a separated deployment each broker of a topic
     # gets its own range, so a queue id names one queue across the cluster.
     queue_base: int = 0
+    # A static topic's map of logic queues onto brokers' physical queues (logic_queue.QueueMapping
+    # as JSON); None for every other topic. Every broker holding part of it keeps the whole map.
+    mapping: dict | None = None
+
+    @property
+    def static(self) -> bool:
+        return self.mapping is not None
 
     def __post_init__(self) -> None:
         self.message_type = MessageType(self.message_type)
@@ -68,6 +75,8 @@ def validate_attributes(attributes: dict) -> dict[str, str]:
     hours >= 0, 0 keeping a topic in the tier for ever; a compacted topic's
     ``min_cleanable_dirty_ratio`` in [0, 1] and ``delete_retention_ms`` >= 0)."""
     attrs = {str(k): str(v) for k, v in attributes.items()}
+    if attrs.get("static", "false") not in ("true", "false"):
+        raise BadRequestError(f"static must be true or false, not {attrs['static']!r}")
     for name, top in (("min_cleanable_dirty_ratio", 1.0), ("delete_retention_ms", math.inf)):
         v = attrs.get(name)
         try:

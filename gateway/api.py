@@ -271,6 +271,14 @@ class ProcessorCalls(Protocol):
         ``(queue_id, new offset)`` per queue (admin)."""
         ...
 
+    async def remap_queue(self, ctx: RequestContext, topic: str, queue_id: int, broker: str) -> dict:
+        """A static topic's logic queue written on ``broker`` from now on; its new map (admin)."""
+        ...
+
+    async def release_queue(self, ctx: RequestContext, topic: str, queue_id: int, broker: str) -> dict:
+        """Scale-in: ``broker``'s drained old part of a static topic's logic queue forgotten (admin)."""
+        ...
+
     async def cluster(self, ctx: RequestContext) -> ClusterView:
         """The nameservers and brokers this processor reaches (admin)."""
         ...

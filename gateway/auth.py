@@ -28,6 +28,7 @@ update_topic                                          ADMIN topic; attributes: C
 delete_topic                                          DELETE topic
 kv_put, kv_get, kv_items                              ADMIN door_state (its namespace)
 consumer_lag, store_stats                             ADMIN cluster ("")
+remap_queue, release_queue                            ADMIN topic
 ====================================================  ==========================================
 
 A door asks itself, through ``MessagingAPI.authorize``/``allowed``, for what it

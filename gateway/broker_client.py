@@ -16,6 +16,7 @@ from typing import Any, Coroutine, NamedTuple, Protocol, Sequence
 
 from core_broker.broker_controller import BrokerController, TopicStats
 from core_broker.errors import BadRequestError
+from core_broker.logic_queue import QueueMapping
 from core_broker.model import FilterExpression, GetResult, Message, PutResult, StoredMessage
 from core_broker.pop_service import PoppedMessage
 from core_broker.topic_config import PERM_READ, PERM_WRITE, TopicConfig
@@ -47,7 +48,10 @@ class TopicRoute:
         """The writable queues, computed once per route object (the send path asks per message)."""
         w = self.__dict__.get("_writable")
         if w is None:
-            w = self.__dict__["_writable"] = [q for q in self.queues if q.perm & PERM_WRITE]
+            if self.config.mapping is not None:  # static: each logic queue's leader, in logic order
+                w = self.__dict__["_writable"] = self.queues[:self.config.queues]
+            else:
+                w = self.__dict__["_writable"] = [q for q in self.queues if q.perm & PERM_WRITE]
         return w
 
 
@@ -170,6 +174,12 @@ class BrokerClient(Protocol):
     async def reset_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> int:
         """Move the group to ``offset`` (clamped to the queue's bounds); returns where it went."""
         ...
+    async def remap_queue(self, topic: str, queue_id: int, broker: str) -> dict:
+        """A static topic's logic queue written on ``broker`` from now on; its new map (as JSON)."""
+        ...
+    async def release_queue(self, topic: str, queue_id: int, broker: str) -> dict:
+        """Scale-in: ``broker``'s drained old part of a static topic's logic queue forgotten."""
+        ...
     async def cluster(self) -> ClusterView:
         """The nameservers and brokers (none and this process's broker in the merged shape)."""
         ...
@@ -227,9 +237,22 @@ class LocalBrokerClient:
         return None  # one broker holds every queue: nothing to add
 
     async def create_topic(self, tc: TopicConfig, exist_ok: bool = False) -> TopicConfig:
+        if tc.attributes.get("static") == "true":  # one broker: every logic queue lives here, for good
+            if tc.message_type.value not in ("NORMAL", "FIFO"):
+                raise BadRequestError(f"a static topic is NORMAL or FIFO, not {tc.message_type.value}")
+            tc.queue_base = 0
+            tc.mapping = QueueMapping.initial(tc.queues, [self.name]).to_json()
         return self.broker.create_topic(tc, exist_ok)
 
     async def update_topic(self, tc: TopicConfig) -> TopicConfig:
+        cur = self.broker.get_topic(tc.name)
+        if cur is not None and (cur.mapping is not None or tc.attributes.get("static") == "true"):
+            if cur.mapping is None:
+                raise BadRequestError(f"topic {tc.name!r} is not static: a topic is made static at its creation")
+            if tc.queues != cur.queues:
+                raise BadRequestError(f"topic {tc.name!r} is static: its {cur.queues} logic queues are fixed")
+            tc.attributes["static"] = "true"
+            tc.mapping = cur.mapping
         return self.broker.update_topic(tc)
 
     async def delete_topic(self, name: str) -> None:
@@ -345,6 +368,13 @@ class LocalBrokerClient:
 
     async def reset_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> int:
         return await self._check(broker).reset_offset(group, topic, queue_id, offset)
+
+    async def remap_queue(self, topic: str, queue_id: int, broker: str) -> dict:
+        raise BadRequestError("one broker holds every logic queue here: remapping needs the separated "
+                              "deployment (unimq cluster up)")
+
+    async def release_queue(self, topic: str, queue_id: int, broker: str) -> dict:
+        raise BadRequestError("one broker holds every logic queue here: nothing to release")
 
     async def cluster(self) -> ClusterView:
         n = len(self.broker.list_topics(False))

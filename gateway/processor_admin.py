@@ -24,7 +24,8 @@ __all__ = ["AdminCalls"]
 
 
 class AdminCalls:
-    """``consumer_groups``, ``reset_offset`` and ``cluster`` over the processor's broker client."""
+    """``consumer_groups``, ``reset_offset``, ``remap_queue``, ``release_queue`` and ``cluster`` over the
+    processor's broker client."""
 
     broker: BrokerClient
     _check: Callable[[RequestContext, Action, Resource, str], None]
@@ -50,7 +51,9 @@ class AdminCalls:
         route = await self.broker.route(topic)
         if route is None:
             raise TopicNotFoundError(f"topic {topic!r} not found")
-        queues = [q for q in route.queues if queue_id is None or q.queue_id == queue_id]
+        seen: set[int] = set()  # a static topic's route lists a logic queue's older brokers too
+        queues = [q for q in route.queues if (queue_id is None or q.queue_id == queue_id)
+                  and not (q.queue_id in seen or seen.add(q.queue_id))]  # type: ignore[func-returns-value]
         if not queues:
             raise BadRequestError(f"topic {topic!r} has no queue {queue_id}")
         out = []
@@ -60,6 +63,18 @@ class AdminCalls:
                 target = await self.broker.query_offset(q.broker, topic, q.queue_id, "timestamp", timestamp_ms or 0)
             out.append((q.queue_id, await self.broker.reset_offset(q.broker, group, topic, q.queue_id, target)))
         return out
+
+    async def remap_queue(self, ctx: RequestContext, topic: str, queue_id: int, broker: str) -> dict:
+        """Write a static topic's logic queue ``queue_id`` on ``broker`` from now on, without copying
+        anything: older offsets stay readable where they are. Returns the topic's new map (admin)."""
+        self._check(ctx, Action.ADMIN, Resource.TOPIC, topic)
+        return await self.broker.remap_queue(topic, queue_id, broker)
+
+    async def release_queue(self, ctx: RequestContext, topic: str, queue_id: int, broker: str) -> dict:
+        """Scale-in: forget ``broker``'s old part of a static topic's logic queue once every consumer
+        group consumed it (refused, saying who is behind, until then). Returns the new map (admin)."""
+        self._check(ctx, Action.ADMIN, Resource.TOPIC, topic)
+        return await self.broker.release_queue(topic, queue_id, broker)
 
     async def cluster(self, ctx: RequestContext) -> ClusterView:
         """The nameservers and brokers this processor reaches (admin)."""

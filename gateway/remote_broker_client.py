@@ -22,8 +22,10 @@ from typing import Any, Sequence
 
 from core_broker.broker_controller import QueueStats, TopicStats, kv_version
 from core_broker.errors import (
-    NotEnoughInSyncReplicasError, NotMasterError, ReplicaAckTimeoutError, TopicExistsError, TopicNotFoundError,
+    BadRequestError, NotEnoughInSyncReplicasError, NotMasterError, QueueMovedError, ReplicaAckTimeoutError,
+    TopicExistsError, TopicNotFoundError,
 )
+from core_broker.logic_queue import QueueMapping
 from core_broker.model import FilterExpression, GetResult, Message, PutResult, StoredMessage
 from core_broker.pop_service import PoppedMessage
 from core_broker.remoting.client import PeerConnectError, PeerUnavailableError, RpcClient
@@ -38,6 +40,7 @@ from core_broker.topic_config import PERM_WRITE, TopicConfig, validate_topic_nam
 from core_broker.transaction_service import TransactionCheckLostError, TransactionChecker
 from nameserver.client import NameserverClient
 
+from . import static_topics
 from .broker_client import BrokerInfo, ClusterView, QueueRoute, RawPage, TopicRoute
 
 log = logging.getLogger("unimq.remote")
@@ -63,6 +66,8 @@ class RemoteBrokerClient:
         self._clients: dict[str, RpcClient] = {}
         self._addr: dict[str, str] = {}
         self._routes: dict[str, tuple[TopicRoute, float]] = {}
+        self.maps: dict[str, QueueMapping] = {}  # static topics' maps of logic queues, from their routes
+        self._drained: set[tuple] = set()  # static FIFO items found consumed (see static_topics.pop_skip)
         self._isolated: dict[str, float] = {}  # broker -> until (monotonic)
         self._checker: TransactionChecker | None = None
         self._pollers: dict[str, asyncio.Task] = {}
@@ -157,6 +162,13 @@ class RemoteBrokerClient:
     def invalidate(self, topic: str) -> None:
         self._routes.pop(topic, None)
 
+    async def _static(self, topic: str) -> QueueMapping | None:
+        """A static topic's map (fresh within ``STATIC_ROUTE_TTL_S``), None for other topics."""
+        if topic not in self.maps and topic in self._routes:
+            return None
+        await self.route(topic)
+        return self.maps.get(topic)
+
     def route_nowait(self, topic: str) -> TopicRoute | None:
         return None  # a route here is filtered by the brokers' liveness on every ask: use route()
 
@@ -178,7 +190,8 @@ class RemoteBrokerClient:
         cached = self._routes.get(topic)
         now = time.monotonic()
         raw = None
-        if cached is None or now - cached[1] >= self.route_ttl_s:
+        ttl = static_topics.STATIC_ROUTE_TTL_S if topic in self.maps else self.route_ttl_s
+        if cached is None or now - cached[1] >= ttl:
             try:
                 raw = await self.ns.call_any("query_route", topic)
             except PeerUnavailableError:
@@ -187,7 +200,16 @@ class RemoteBrokerClient:
             else:
                 if raw is None:
                     self._routes.pop(topic, None)
+                    self.maps.pop(topic, None)
                     return None
+                for e in raw["queues"]:
+                    self._note_address(e["broker"], e["address"])
+                if raw.get("mapping") is not None:  # a static topic: its routes come from its map
+                    mp = self.maps[topic] = QueueMapping.from_json(raw["mapping"])
+                    route = static_topics.route_of(topic, raw, mp)
+                    self._routes[topic] = (route, now)
+                    return route  # no queue is left out for a dead broker: a key's queue is fixed
+                self.maps.pop(topic, None)
                 queues = []
                 total = 0
                 for e in raw["queues"]:
@@ -199,6 +221,8 @@ class RemoteBrokerClient:
                 cached = (TopicRoute(tc, queues), now)
                 self._routes[topic] = cached
         route = cached[0]  # type: ignore[index]
+        if route.config.mapping is not None:
+            return route
         live = [q for q in route.queues if self._live(q.broker)]
         return TopicRoute(route.config, live or route.queues)
 
@@ -217,6 +241,8 @@ class RemoteBrokerClient:
         brokers = [b for b in await self._brokers(refresh=True) if b["perm"] & PERM_WRITE and self._live(b["name"])]
         if not brokers:
             raise PeerUnavailableError("no writable broker is registered with the nameservers")
+        if tc.attributes.get("static") == "true":
+            return await static_topics.create(self, tc, [b["name"] for b in brokers])
         # The topic's queues are spread over the brokers with contiguous cluster-wide ids:
         # 5 queues on 2 brokers are ids 0-2 on the first and 3-4 on the second.
         brokers.sort(key=lambda b: b["name"])
@@ -249,6 +275,19 @@ class RemoteBrokerClient:
         """Permission and type go to every broker; added queues extend the last broker's range."""
         hosts = [(b, await self._call(b, "get_topic", tc.name)) for b in await self._hosts(tc.name)]
         hosts = [(b, cur) for b, cur in hosts if cur is not None]
+        static = [cur for _, cur in hosts if cur.mapping is not None]
+        if static or tc.attributes.get("static") == "true":
+            if not static:
+                raise BadRequestError(f"topic {tc.name!r} is not static: a topic is made static at its creation")
+            newest = max(static, key=lambda c: c.mapping["epoch"])  # type: ignore[index]
+            if tc.queues != newest.queues:
+                raise BadRequestError(f"topic {tc.name!r} is static: its {newest.queues} logic queues are fixed")
+            for b, _ in hosts:
+                await self._call(b, "update_topic", static_topics.static_config(
+                    TopicConfig(tc.name, tc.queues, tc.message_type, tc.perm, tc.system, dict(tc.attributes)),
+                    QueueMapping.from_json(newest.mapping)))  # type: ignore[arg-type]
+            self.invalidate(tc.name)
+            return tc
         total = sum(cur.queues for _, cur in hosts)
         last = max(hosts, key=lambda h: h[1].queue_base)[0] if hosts else None
         for b, cur in hosts:
@@ -281,7 +320,7 @@ class RemoteBrokerClient:
                     prev = seen.get(t.name)
                     if prev is None:
                         seen[t.name] = t
-                    else:  # the topic as the cluster sees it: every broker's queues together
+                    elif t.mapping is None:  # the topic as the cluster sees it: every broker's queues together
                         prev.queues = min(1024, prev.queues + t.queues)
                         prev.queue_base = min(prev.queue_base, t.queue_base)
             except PeerUnavailableError:
@@ -289,6 +328,13 @@ class RemoteBrokerClient:
         return sorted(seen.values(), key=lambda t: t.name)
 
     async def describe_topic(self, name: str) -> TopicStats:
+        self.invalidate(name)
+        mp = await self._static(name)
+        if mp is not None:
+            tc = await self._call(mp.last(0).broker, "get_topic", name)
+            if tc is None:
+                raise TopicNotFoundError(f"topic {name!r} does not exist")
+            return await static_topics.describe(self, mp, name, tc)
         queues: list[QueueStats] = []
         config = None
         for b in await self._hosts(name):
@@ -311,6 +357,14 @@ class RemoteBrokerClient:
     # send, pop and pull carry their batches as blocks of rows (core_broker/remoting/rows.py)
 
     async def send(
+        self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
+    ) -> list[tuple[PutResult, str | None]]:
+        try:
+            return await self._send_once(broker, msgs, transactional, producer_group)
+        except QueueMovedError:  # a static topic's logic queue was remapped: to its new broker
+            return await static_topics.resend_moved(self, msgs, transactional, producer_group)
+
+    async def _send_once(
         self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
     ) -> list[tuple[PutResult, str | None]]:
         rows = messages_to_block(msgs)
@@ -352,10 +406,20 @@ class RemoteBrokerClient:
         self, broker: str, group: str, topic: str, max_count: int, invisible_ms: int,
         filter_expression: FilterExpression | None, wait_ms: int, from_latest: bool,
     ) -> list[PoppedMessage]:
-        return popped_from_block(await self._call(
-            broker, "pop", group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest,
+        mp = self.maps.get(topic) and await self._static(topic)
+        if mp is None:
+            return popped_from_block(await self._call(
+                broker, "pop", group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest,
+                rpc_timeout=wait_ms / 1000.0 + 30.0,
+            ))
+        skip = []
+        if self._routes[topic][0].config.message_type.value == "FIFO":
+            skip = await static_topics.pop_skip(self, mp, broker, group, topic, self._drained)
+        wait_ms = min(wait_ms, int(static_topics.STATIC_ROUTE_TTL_S * 1000))  # see a remap soon
+        return static_topics.to_logic_popped(mp, broker, popped_from_block(await self._call(
+            broker, "pop", group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest, skip,
             rpc_timeout=wait_ms / 1000.0 + 30.0,
-        ))
+        )))
 
     async def ack(self, broker: str, group: str, receipt_handle: str) -> None:
         """Acks to one broker and group issued in the same event-loop turn (a door settling
@@ -407,6 +471,15 @@ class RemoteBrokerClient:
         self, broker: str, topic: str, queue_id: int, offset: int, max_count: int,
         filter_expression: FilterExpression | None, wait_ms: int,
     ) -> GetResult:
+        mp = await self._static(topic)
+        if mp is not None:
+            return await static_topics.pull(self, mp, topic, queue_id, offset, max_count, filter_expression, wait_ms)
+        return await self._pull_once(broker, topic, queue_id, offset, max_count, filter_expression, wait_ms)
+
+    async def _pull_once(
+        self, broker: str, topic: str, queue_id: int, offset: int, max_count: int,
+        filter_expression: FilterExpression | None, wait_ms: int,
+    ) -> GetResult:
         return get_result_from_block(await self._call(
             broker, "pull", topic, queue_id, offset, max_count, filter_expression, wait_ms,
             rpc_timeout=wait_ms / 1000.0 + 30.0,
@@ -416,12 +489,21 @@ class RemoteBrokerClient:
         return None  # see reads_raw
 
     async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None:
+        mp = await self._static(topic)
+        if mp is not None:
+            return await static_topics.commit_offset(self, mp, group, topic, queue_id, offset)
         await self._call(broker, "commit_offset", group, topic, queue_id, offset)
 
     async def get_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None:
+        mp = await self._static(topic)
+        if mp is not None:
+            return await static_topics.get_offset(self, mp, group, topic, queue_id)
         return await self._call(broker, "get_offset", group, topic, queue_id)
 
     async def query_offset(self, broker: str, topic: str, queue_id: int, policy: str, timestamp_ms: int) -> int:
+        mp = await self._static(topic)
+        if mp is not None:
+            return await static_topics.query_offset(self, mp, topic, queue_id, policy, timestamp_ms)
         return await self._call(broker, "query_offset", topic, queue_id, policy, timestamp_ms)
 
     async def read_table(self, broker: str, topic: str, queue_id: int, offset: int, max_count: int) -> GetResult:
@@ -588,7 +670,16 @@ class RemoteBrokerClient:
         return sorted(tuple(r) for rows in await self._every_broker("group_queues") for r in rows)  # type: ignore[misc]
 
     async def reset_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> int:
+        mp = await self._static(topic)
+        if mp is not None:
+            return await static_topics.reset_offset(self, mp, group, topic, queue_id, offset)
         return await self._call(broker, "reset_offset", group, topic, queue_id, offset)
+
+    async def remap_queue(self, topic: str, queue_id: int, broker: str) -> dict:
+        return await static_topics.remap(self, topic, queue_id, broker)
+
+    async def release_queue(self, topic: str, queue_id: int, broker: str) -> dict:
+        return await static_topics.release(self, topic, queue_id, broker)
 
     async def cluster(self) -> ClusterView:
         brokers = [

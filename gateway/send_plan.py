@@ -55,7 +55,7 @@ class TopicPlan:
     a str hash is cached, an enum's is not), and its round-robin position. ``fifo``: every
     message's queue is chosen by :meth:`select` (a FIFO topic by group, a compacted one by key)."""
 
-    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "keyed", "rr")
+    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "keyed", "static", "rr")
 
     def __init__(self, route: TopicRoute, rr: int) -> None:
         self.route = route
@@ -64,7 +64,8 @@ class TopicPlan:
         self.writable = route.writable
         self.nw = len(self.writable)
         self.keyed = mtype == MessageType.COMPACTED
-        self.fifo = mtype == MessageType.FIFO or self.keyed
+        self.static = route.config.mapping is not None
+        self.fifo = mtype == MessageType.FIFO or self.keyed or self.static
         self.rr = rr
 
     def select(self, m: Message) -> QueueRoute:
@@ -73,6 +74,10 @@ class TopicPlan:
             raise NoWritableQueueError(f"topic {self.route.config.name!r} has no writable queue")
         if self.keyed:  # one key, one queue: the queue keeps its latest message
             return self.writable[crc32c(compaction_key(m).encode()) % nw]
+        if self.static:  # fixed logic queues: a message group, else a key, always hashes to the same one
+            key = m.message_group or (next(iter(m.keys)) if m.keys else None)
+            if key:
+                return self.writable[crc32c(key.encode()) % nw]
         if self.fifo and m.message_group:
             return self.writable[crc32c(m.message_group.encode()) % nw]
         n = self.rr
@@ -89,6 +94,9 @@ def select_queue(route: TopicRoute, msg: Message, rr: dict[str, int]) -> QueueRo
         return writable[crc32c(compaction_key(msg).encode()) % len(writable)]
     if msg.message_group and route.config.message_type == MessageType.FIFO:
         return writable[crc32c(msg.message_group.encode()) % len(writable)]
+    if route.config.mapping is not None:  # static: the logic queue is fixed; its broker failed
+        raise NoWritableQueueError(
+            f"logic queue {msg.queue_id} of static topic {route.config.name!r} is on a broker that failed")
     n = rr.get(route.config.name, 0)
     rr[route.config.name] = n + 1
     return writable[n % len(writable)]

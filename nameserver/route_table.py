@@ -54,15 +54,20 @@ class RouteTable:
         return gone
 
     def route(self, topic: str, now: float | None = None) -> dict | None:
-        """{"topic", "type", "queues": [{broker, address, queue_base, queues, perm}]} or None."""
+        """{"topic", "type", "queues": [{broker, address, queue_base, queues, perm}]} or None; a
+        static topic's also has "mapping" (see core_broker/logic_queue.py)."""
         self.expire(now)
         entries = []
         mtype = None
+        mapping = None  # a static topic's map of logic queues: the newest any broker registered
         for b in sorted(self.brokers.values(), key=lambda b: b.name):
             t = b.topics.get(topic)
             if t is None:
                 continue
             mtype = mtype or t.get("type", "NORMAL")
+            m = t.get("mapping")
+            if m is not None and (mapping is None or m.get("epoch", 0) > mapping.get("epoch", 0)):
+                mapping = m
             entries.append(
                 {
                     "broker": b.name,
@@ -74,7 +79,10 @@ class RouteTable:
             )
         if not entries:
             return None
-        return {"topic": topic, "type": mtype, "queues": entries}
+        out = {"topic": topic, "type": mtype, "queues": entries}
+        if mapping is not None:
+            out["mapping"] = mapping
+        return out
 
     def list_brokers(self, now: float | None = None) -> list[dict]:
         self.expire(now)

@@ -25,7 +25,8 @@ class TopicCreate(BaseModel):
     attributes: dict[str, str] = Field(
         default_factory=dict,
         description="topic attributes, kept with a new topic: `tier_retention_hours` (hours in the tier, 0 for ever); "
-                    "a COMPACTED topic's `min_cleanable_dirty_ratio` and `delete_retention_ms`",
+                    "a COMPACTED topic's `min_cleanable_dirty_ratio` and `delete_retention_ms`; `static` "
+                    "(`true`: the queues are logic queues, fixed for good; see `/v1/topics/{topic}/remap`)",
     )
 
 
@@ -47,6 +48,21 @@ class TopicOut(BaseModel):
     type: str
     queues: list[QueueOut]
     attributes: dict[str, str] | None = Field(None, description="the topic's attributes, when it has any")
+    mapping: dict | None = Field(
+        None, description="a static topic's logic queues: `epoch` and per logic queue its chain of items "
+                          "`[broker, logic_start, phys_start, phys_end]` (phys_end -1: written now)")
+
+
+class QueueMove(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    queue: int = Field(ge=0, le=1023, description="the static topic's logic queue")
+    broker: str = Field(min_length=1, max_length=255, description="remap: the broker to write it on; "
+                                                                      "release: the broker whose old part goes")
+
+
+class MappingOut(BaseModel):
+    name: str
+    mapping: dict
 
 
 class SendOut(BaseModel):

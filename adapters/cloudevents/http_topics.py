@@ -16,7 +16,7 @@ from core_broker.model import MessageType
 from gateway.auth import Action, ForbiddenError, Resource
 from gateway.context import INTERNAL
 
-from .http_models import ERRORS, ErrorOut, TopicCreate, TopicOut, TopicUpdate
+from .http_models import ERRORS, ErrorOut, MappingOut, QueueMove, TopicCreate, TopicOut, TopicUpdate
 from .http_request import Deps, request_context
 from .http_responses import json_response, topic_json
 
@@ -63,6 +63,20 @@ def router(deps: Deps) -> APIRouter:
             return json_response(topic_json(await p.describe_topic(ctx, body.name)), status)
         except ForbiddenError:  # may create, may neither publish nor subscribe: no offsets to show
             return json_response({"name": body.name, "type": mtype.value, "queues": []}, status)
+
+    @router.post("/v1/topics/{topic:path}/remap", tags=["topics"], response_model=MappingOut, responses=ERRORS)
+    async def remap_queue(body: QueueMove, request: Request, topic: str = Path(description="a static topic")) -> Response:
+        """Write a static topic's logic queue on another broker from now on (admin). Nothing is
+        copied: older offsets are read where they were written; logic offsets go on growing."""
+        mapping = await processor().remap_queue(request_context(request, "http"), topic, body.queue, body.broker)
+        return json_response({"name": topic, "mapping": mapping})
+
+    @router.post("/v1/topics/{topic:path}/release", tags=["topics"], response_model=MappingOut, responses=ERRORS)
+    async def release_queue(body: QueueMove, request: Request, topic: str = Path(description="a static topic")) -> Response:
+        """Scale-in (admin): forget a broker's old part of a static topic's logic queue once every
+        consumer group consumed it; 400 naming the groups behind until then."""
+        mapping = await processor().release_queue(request_context(request, "http"), topic, body.queue, body.broker)
+        return json_response({"name": topic, "mapping": mapping})
 
 
     return router

@@ -1,4 +1,4 @@
-"""`unimq topic create|list|describe|update|delete`: topic admin over the HTTP door's /v1/topics API.
+"""`unimq topic create|list|describe|update|delete|compact|remap|release`: topic admin over the HTTP door's /v1/topics API.
 
 Why over HTTP and not by opening the store: the store belongs to the running
 `unimq up` process (one writer), and the HTTP door is the admin surface every
@@ -43,6 +43,9 @@ def add_parser(sub: Any) -> None:
                         help="message type (default: NORMAL); COMPACTED keeps the latest message per key")
     create.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
                         help="a topic attribute, repeatable: tier_retention_hours, delete_retention_ms, ...")
+    create.add_argument("--static", action="store_true",
+                        help="logic queues: their number is fixed for good, a key always hashes to the same one, "
+                             "and each can move to another broker (unimq topic remap)")
     lst = actions.add_parser("list", parents=[shared], help="list topics with their queues' offsets")
     lst.add_argument("--all", action="store_true", help="include system topics (%%DLQ%%, %%RETRY%%, ...)")
     describe = actions.add_parser("describe", parents=[shared], help="a topic's type and each queue's min/max offsets")
@@ -55,6 +58,16 @@ def add_parser(sub: Any) -> None:
     delete.add_argument("name")
     compact = actions.add_parser("compact", parents=[shared], help="compact a COMPACTED topic now (what it can)")
     compact.add_argument("name")
+    remap = actions.add_parser("remap", parents=[shared],
+                               help="write a static topic's logic queue on another broker from now on")
+    remap.add_argument("name")
+    remap.add_argument("--queue", type=int, required=True, help="the logic queue")
+    remap.add_argument("--to", required=True, metavar="BROKER", help="the broker to write it on")
+    release = actions.add_parser("release", parents=[shared],
+                                 help="scale-in: forget a broker's drained old part of a static topic's logic queue")
+    release.add_argument("name")
+    release.add_argument("--queue", type=int, required=True, help="the logic queue")
+    release.add_argument("--broker", required=True, help="the broker whose old part goes")
 
 
 _call = call
@@ -72,6 +85,17 @@ def _print_topic(t: dict[str, Any]) -> None:
         print("  attributes: " + " ".join(f"{k}={v}" for k, v in sorted(t["attributes"].items())))
     for q in queues:
         print(f"  queue {q['queue_id']}: min_offset={q['min_offset']} max_offset={q['max_offset']}")
+    if t.get("mapping"):
+        _print_mapping(t["mapping"])
+
+
+def _print_mapping(mapping: dict[str, Any]) -> None:
+    """A static topic's logic queues: each one's chain, oldest first, the one written now last."""
+    print(f"  logic queues (map epoch {mapping['epoch']}):")
+    for q, chain in enumerate(mapping["queues"]):
+        parts = [f"{b} from {ls}" + (" (written now)" if pe < 0 else f" to {ls + pe - ps}")
+                 for b, ls, ps, pe in chain]
+        print(f"  logic queue {q}: " + ", then ".join(parts))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if cmd == "create":
             attrs = dict(a.partition("=")[::2] for a in args.attr)
+            if args.static:
+                attrs["static"] = "true"
             status, body = _call(args, "POST", "/v1/topics",
                                  {"name": args.name, "queues": args.queues, "type": args.type, "attributes": attrs})
         elif cmd == "list":
@@ -93,6 +119,11 @@ def run(args: argparse.Namespace) -> int:
             status, body = _call(args, "DELETE", _path(args.name))
         elif cmd == "compact":
             status, body = _call(args, "POST", _path(args.name) + "/compact", {})
+        elif cmd == "remap":
+            status, body = _call(args, "POST", _path(args.name) + "/remap", {"queue": args.queue, "broker": args.to})
+        elif cmd == "release":
+            status, body = _call(args, "POST", _path(args.name) + "/release",
+                                 {"queue": args.queue, "broker": args.broker})
         else:  # pragma: no cover - argparse rejects others
             raise AssertionError(cmd)
     except (urllib.error.URLError, OSError) as e:
@@ -115,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{t['name']}\t{t['type']}\tqueues={len(t['queues'])}\tmessages={n}")
     elif cmd in ("describe", "update"):
         _print_topic(body)
+    elif cmd in ("remap", "release"):
+        print(f"{'remapped' if cmd == 'remap' else 'released'}: {args.name} logic queue {args.queue}")
+        _print_mapping(body["mapping"])
     elif cmd == "compact":
         print(f"compacted: {args.name}: {body['passes']} pass(es) over {body['queues']} queue(s), "
               f"{body['removed']} message(s) removed")

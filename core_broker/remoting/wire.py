@@ -101,7 +101,7 @@ def _pack(obj: Any, packb: Callable[[Any], bytes]) -> msgpack.ExtType:
         return msgpack.ExtType(_FE, packb([obj.expression, getattr(obj.type, "value", obj.type)]))
     if isinstance(obj, TopicConfig):
         return msgpack.ExtType(_TC, packb([obj.name, obj.queues, obj.message_type.value, obj.perm, obj.system,
-                                           obj.attributes, obj.queue_base]))
+                                           obj.attributes, obj.queue_base, obj.mapping]))
     if isinstance(obj, TopicStats):
         return msgpack.ExtType(_TS, packb([obj.config, [[q.queue_id, q.min_offset, q.max_offset] for q in obj.queues]]))
     if isinstance(obj, QueueStats):
@@ -145,7 +145,7 @@ def _unpack(code: int, data: bytes) -> Any:
         return FilterExpression(f[0], ftype)
     if code == _TC:
         return TopicConfig(f[0], queues=f[1], message_type=f[2], perm=f[3], system=f[4], attributes=f[5],
-                           queue_base=f[6])
+                           queue_base=f[6], mapping=f[7] if len(f) > 7 else None)
     if code == _TS:
         return TopicStats(f[0], [QueueStats(*q) for q in f[1]])
     if code == _TUP:
