@@ -25,7 +25,7 @@ from .model import StoredMessage
 from .remoting.client import RpcClient
 from .remoting.rows import get_result_to_block, messages_from_block, popped_to_block, put_results_to_block
 from .remoting.server import RpcServer
-from .errors import BadRequestError, BrokerWriteBlockedError, NotMasterError
+from .errors import BadRequestError, BrokerWriteBlockedError, NotMasterError, QueueMovedError
 from .logic_queue import QueueMapping
 from .static_fence import StaticFence
 from .replication.service import ReplicationConfig, ReplicationService
@@ -315,7 +315,13 @@ class BrokerServer:
         await self.controller.forward_to_dlq(group, receipt_handle)
         await self._topics_registered()
 
-    async def pull(self, topic, queue_id, offset, max_count, filter_expression=None, wait_ms=0) -> bytes:
+    async def pull(self, topic, queue_id, offset, max_count, filter_expression=None, wait_ms=0, map_epoch=0) -> bytes:
+        """``map_epoch``: a static topic's map the reader translates by; an older one than this
+        broker's is refused (a remap since could have reopened this physical queue further on)."""
+        if map_epoch:
+            mp = self.fence.maps.get(topic)
+            if mp is not None and mp.epoch > map_epoch:
+                raise QueueMovedError(f"the map of {topic!r} is at epoch {mp.epoch}, not {map_epoch}", epoch=mp.epoch)
         return get_result_to_block(
             await self.controller.pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)
         )

@@ -247,8 +247,8 @@ class LocalBrokerClient:
     async def update_topic(self, tc: TopicConfig) -> TopicConfig:
         cur = self.broker.get_topic(tc.name)
         if cur is not None and (cur.mapping is not None or tc.attributes.get("static") == "true"):
-            if cur.mapping is None:
-                raise BadRequestError(f"topic {tc.name!r} is not static: a topic is made static at its creation")
+            if cur.mapping is None or tc.attributes.get("static") != "true":
+                raise BadRequestError(f"topic {tc.name!r}: a topic is made static (or not) at its creation, for good")
             if tc.queues != cur.queues:
                 raise BadRequestError(f"topic {tc.name!r} is static: its {cur.queues} logic queues are fixed")
             tc.attributes["static"] = "true"

@@ -277,8 +277,8 @@ class RemoteBrokerClient:
         hosts = [(b, cur) for b, cur in hosts if cur is not None]
         static = [cur for _, cur in hosts if cur.mapping is not None]
         if static or tc.attributes.get("static") == "true":
-            if not static:
-                raise BadRequestError(f"topic {tc.name!r} is not static: a topic is made static at its creation")
+            if not static or tc.attributes.get("static") != "true":
+                raise BadRequestError(f"topic {tc.name!r}: a topic is made static (or not) at its creation, for good")
             newest = max(static, key=lambda c: c.mapping["epoch"])  # type: ignore[index]
             if tc.queues != newest.queues:
                 raise BadRequestError(f"topic {tc.name!r} is static: its {newest.queues} logic queues are fixed")
@@ -478,10 +478,11 @@ class RemoteBrokerClient:
 
     async def _pull_once(
         self, broker: str, topic: str, queue_id: int, offset: int, max_count: int,
-        filter_expression: FilterExpression | None, wait_ms: int,
+        filter_expression: FilterExpression | None, wait_ms: int, map_epoch: int = 0,
     ) -> GetResult:
+        args: tuple = (map_epoch,) if map_epoch else ()  # a static topic's open item: see BrokerServer.pull
         return get_result_from_block(await self._call(
-            broker, "pull", topic, queue_id, offset, max_count, filter_expression, wait_ms,
+            broker, "pull", topic, queue_id, offset, max_count, filter_expression, wait_ms, *args,
             rpc_timeout=wait_ms / 1000.0 + 30.0,
         ))
 

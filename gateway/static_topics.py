@@ -175,6 +175,20 @@ async def _logic_max(client: "RemoteBrokerClient", topic: str, mp: QueueMapping,
 
 async def pull(client: "RemoteBrokerClient", mp: QueueMapping, topic: str, q: int, offset: int, max_count: int,
                filter_expression: Any, wait_ms: int) -> GetResult:
+    """Read logic queue ``q`` from logic ``offset``. A map older than the leader's (a remap this
+    gateway has not seen yet) is refused by the broker: the map is read again and the read too."""
+    for _ in range(20):
+        try:
+            return await _pull(client, mp, topic, q, offset, max_count, filter_expression, wait_ms)
+        except QueueMovedError:
+            client.invalidate(topic)
+            mp = await _map(client, topic) or mp
+            await asyncio.sleep(0.05)
+    raise QueueMovedError(f"the map of {topic!r} keeps changing: read again")
+
+
+async def _pull(client: "RemoteBrokerClient", mp: QueueMapping, topic: str, q: int, offset: int, max_count: int,
+                filter_expression: Any, wait_ms: int) -> GetResult:
     chain = mp.chain(q)
     lmin = chain[0].logic_start
     if offset < lmin:  # released (scale-in) or never there: start at the oldest item
@@ -184,7 +198,7 @@ async def pull(client: "RemoteBrokerClient", mp: QueueMapping, topic: str, q: in
         phys = item.to_phys(offset)
         if item.open:
             r = await client._pull_once(item.broker, topic, q, phys, max_count, filter_expression,
-                                        min(wait_ms, int(STATIC_ROUTE_TTL_S * 1000)))
+                                        min(wait_ms, int(STATIC_ROUTE_TTL_S * 1000)), mp.epoch)
             msgs = _logic_messages(item, r.messages, None)
             return GetResult(r.status, msgs, item.to_logic(r.next_offset), lmin, item.to_logic(r.max_offset))
         end = item.phys_end
