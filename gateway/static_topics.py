@@ -85,7 +85,9 @@ async def _fresh_map(client: "RemoteBrokerClient", topic: str) -> QueueMapping:
     client.invalidate(topic)
     mp = await _map(client, topic)
     if mp is None:
-        raise TopicNotFoundError(f"topic {topic!r} does not exist or is not static")
+        if await client.route(topic) is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        raise BadRequestError(f"topic {topic!r} is not static: its queues cannot be remapped or released")
     best = mp
     for b in mp.brokers():
         tc = await client._call(b, "get_topic", topic)

@@ -52,6 +52,7 @@ STATUS_OF_CODE = {
     "SERVICE_UNAVAILABLE": 503,
     "NOT_ENOUGH_REPLICAS": 503,  # retriable: the group's in-sync set is below min_insync_replicas
     "NOT_MASTER": 503,  # retriable: a failover is under way
+    "QUEUE_MOVED": 503,  # retriable: a static topic's logic queue is being remapped
     "MASTER_PERSISTENCE_TIMEOUT": 504,
     "STORE_FULL": 507,
 }

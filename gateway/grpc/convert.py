@@ -58,6 +58,7 @@ _CODE_ALIASES: dict[str, int] = {
     # replication: retriable; RocketMQ answers HA_NOT_AVAILABLE when too few replicas are in sync
     "NOT_ENOUGH_REPLICAS": Code.HA_NOT_AVAILABLE,
     "NOT_MASTER": Code.HA_NOT_AVAILABLE,
+    "QUEUE_MOVED": Code.HA_NOT_AVAILABLE,  # retriable: a static topic's logic queue is being remapped
     "CORRUPT_RECORD": Code.INTERNAL_SERVER_ERROR,
     "TOPIC_EXISTS": Code.BAD_REQUEST,
     "INTERNAL_ERROR": Code.INTERNAL_ERROR,
