@@ -213,7 +213,6 @@ class RemoteBrokerClient:
                 queues = []
                 total = 0
                 for e in raw["queues"]:
-                    self._note_address(e["broker"], e["address"])
                     total += e["queues"]
                     queues += [QueueRoute(e["broker"], e["queue_base"] + i, e["perm"]) for i in range(e["queues"])]
                 tc = TopicConfig(topic, queues=max(1, min(total, 1024)), message_type=raw["type"],

@@ -83,7 +83,7 @@ def topic_json(stats: TopicStats) -> dict[str, Any]:
     attrs = stats.config.attributes
     if attrs:  # only when set: a plain topic's description stays as it was
         out["attributes"] = dict(attrs)
-    mapping = getattr(stats.config, "mapping", None)
+    mapping = stats.config.mapping
     if mapping is not None:  # a static topic: where each logic queue's offsets live
         out["mapping"] = mapping
     return out
