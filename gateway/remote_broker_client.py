@@ -164,8 +164,8 @@ class RemoteBrokerClient:
 
     async def _static(self, topic: str) -> QueueMapping | None:
         """A static topic's map (fresh within ``STATIC_ROUTE_TTL_S``), None for other topics."""
-        if topic not in self.maps and topic in self._routes:
-            return None
+        if topic not in self.maps and (topic in self._routes or is_lmq(topic)):
+            return None  # known not static (an LMQ never is): no await on the read paths
         await self.route(topic)
         return self.maps.get(topic)
 

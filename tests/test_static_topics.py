@@ -322,3 +322,41 @@ def test_static_topic_rules(cluster: Cluster) -> None:
         await rp.stop()
 
     asyncio.run(main())
+
+
+def test_a_restarted_old_broker_keeps_its_sealed_part(cluster: Cluster) -> None:
+    """The seal is durable: an old leader killed and started again still knows its part is closed
+    (it takes no send for the queue) and serves its old offsets."""
+    topic = "restart-static"
+
+    async def main() -> str:
+        rp = RemoteProcessor(cluster.gateway_rpc())
+        await rp.create_topic(CTX, topic, queues=1, attributes={"static": "true"})
+        await rp.send(CTX, [Message(topic, f"a{i}".encode()) for i in range(5)])
+        old = QueueMapping.from_json((await rp.describe_topic(CTX, topic)).config.mapping).last(0).broker
+        await rp.remap_queue(CTX, topic, 0, BROKERS[(BROKERS.index(old) + 1) % 3])
+        await rp.stop()
+        return old
+
+    old = asyncio.run(main())
+    cluster.brokers[old].kill9()
+    cluster.start_broker(old)
+
+    async def after() -> None:
+        rp = RemoteProcessor(cluster.gateway_rpc())
+        tc = await _broker_rpc(cluster, old, "get_topic", topic)
+        assert QueueMapping.from_json(tc.mapping).chain(0)[0] == MappingItem(old, 0, 0, 5)
+        sent = await rp.send(CTX, [Message(topic, f"b{i}".encode()) for i in range(5)])
+        assert [r.queue_offset for r in sent] == list(range(5, 10)) and old not in {r.broker for r in sent}
+        deadline = time.monotonic() + 30
+        got: list = []
+        while len(got) < 10 and time.monotonic() < deadline:  # the gateways find the restarted broker
+            try:
+                r = await rp.pull(CTX, topic, 0, len(got), 100)
+                got += r.messages
+            except Exception:
+                await asyncio.sleep(0.3)
+        assert [m.body for m in got] == [f"a{i}".encode() for i in range(5)] + [f"b{i}".encode() for i in range(5)]
+        await rp.stop()
+
+    asyncio.run(after())
