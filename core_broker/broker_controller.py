@@ -524,6 +524,7 @@ class BrokerController(MessageQueries):
         from_latest: bool = False,
         fifo: bool | None = None,
         skip_queues: Sequence[int] = (),
+        scan_limits: Sequence[tuple[int, int]] = (),
     ) -> list[PoppedMessage]:
         tc = self.store.topics.get(topic)
         if tc is None:
@@ -545,7 +546,8 @@ class BrokerController(MessageQueries):
             ahead = None
             if self.cold_pops is not None:
                 ahead = await self.cold_pops.read_ahead(group, queues, max_count, flt, is_fifo, from_latest)
-            msgs, last = self.pops.pop(group, queues, max_count, invisible_ms, flt, is_fifo, from_latest, ahead)
+            msgs, last = self.pops.pop(group, queues, max_count, invisible_ms, flt, is_fifo, from_latest, ahead,
+                                       {(topic, q): end for q, end in scan_limits} if scan_limits else None)
             if msgs or time.monotonic() >= deadline:
                 break
             left = deadline - time.monotonic()

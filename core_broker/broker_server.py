@@ -292,9 +292,12 @@ class BrokerServer:
         await self.controller.end_transaction(transaction_id, commit, source)
 
     async def pop(self, group, topic, max_count, invisible_ms, filter_expression=None, wait_ms=0,
-                  from_latest=False, skip_queues=()) -> bytes:
+                  from_latest=False, skip_queues=(), scan_limits=()) -> bytes:
+        """``skip_queues``, ``scan_limits``: a static FIFO topic's queues not to pop now, and
+        offsets not to read on from (see gateway/static_topics.py pop_limits)."""
         return popped_to_block(await self.controller.pop(
-            group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest, skip_queues=skip_queues))
+            group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest, skip_queues=skip_queues,
+            scan_limits=[tuple(x) for x in scan_limits]))
 
     def consumed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         """Below which offset ``group`` has consumed and acked everything of a queue: its pop

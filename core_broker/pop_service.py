@@ -145,11 +145,14 @@ class PopService:
         fifo: bool,
         from_latest: bool = False,
         read_ahead: ReadAhead | None = None,
+        scan_limits: dict[tuple[str, int], int] | None = None,
     ) -> tuple[list[PoppedMessage], PutResult | None]:
         """Take up to ``max_count`` messages from ``queues`` (rotating start); no waiting.
 
         ``read_ahead``: results read before the call (off the event loop: the tier's) to use
         instead of a local get, per queue, if its cursor is still at the offset they start from.
+        ``scan_limits``: per FIFO queue, an offset new messages are not read (nor parked) from
+        (a static topic's older part of a logic queue ends there, see gateway/static_topics.py).
         """
         out: list[PoppedMessage] = []
         last: PutResult | None = None
@@ -162,7 +165,8 @@ class PopService:
             c = self.cursor(group, topic, qid, fifo, from_latest)
             ahead = read_ahead.pop((topic, qid), None) if read_ahead else None
             if c.fifo:
-                got, r = self._pop_fifo(group, topic, qid, c, need, visible_at, now, msg_filter, ahead)
+                limit = scan_limits.get((topic, qid)) if scan_limits else None
+                got, r = self._pop_fifo(group, topic, qid, c, need, visible_at, now, msg_filter, ahead, limit)
             else:
                 got, r = self._pop_normal(group, topic, qid, c, need, visible_at, msg_filter, ahead)
             out.extend(got)
@@ -229,7 +233,7 @@ class PopService:
             return out, None
         return out, self.journal.append("pop", {"g": group, "t": topic, "q": qid, "n": c.next, "v": visible_at, "m": entries})
 
-    def _pop_fifo(self, group, topic, qid, c: Cursor, need, visible_at, now, msg_filter, ahead=None):
+    def _pop_fifo(self, group, topic, qid, c: Cursor, need, visible_at, now, msg_filter, ahead=None, limit=None):
         out: list[PoppedMessage] = []
         entries: list[list] = []
         parked: list[list] = []
@@ -271,6 +275,8 @@ class PopService:
             take(m, inf)
         # 3. new messages
         while len(out) < need and len(c.waiting) < WAITING_LIMIT:
+            if limit is not None and c.next >= limit:
+                break
             r = self._get(topic, qid, c.next, 32, msg_filter, ahead)
             ahead = None
             if r.status in (GetStatus.OFFSET_MOVED, GetStatus.OFFSET_OVERFLOW_BADLY):
@@ -284,6 +290,9 @@ class PopService:
                 break
             stopped = False
             for m in r.messages:
+                if limit is not None and m.queue_offset >= limit:
+                    stopped = True
+                    break
                 g = m.message_group or ""
                 if g in blocked:
                     c.waiting[m.queue_offset] = g
@@ -296,7 +305,7 @@ class PopService:
                     stopped = True
                     break
             if not stopped:
-                c.next = max(c.next, r.next_offset)
+                c.next = max(c.next, r.next_offset if limit is None else min(r.next_offset, limit))
         if not entries and not parked and c.next == start:
             return out, None
         return out, self.journal.append(

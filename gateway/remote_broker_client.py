@@ -411,13 +411,14 @@ class RemoteBrokerClient:
                 broker, "pop", group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest,
                 rpc_timeout=wait_ms / 1000.0 + 30.0,
             ))
-        skip = []
+        skip: list = []
+        limits: list = []
         if self._routes[topic][0].config.message_type.value == "FIFO":
-            skip = await static_topics.pop_skip(self, mp, broker, group, topic, self._drained)
+            skip, limits = await static_topics.pop_limits(self, mp, broker, group, topic, self._drained)
         wait_ms = min(wait_ms, int(static_topics.STATIC_ROUTE_TTL_S * 1000))  # see a remap soon
         return static_topics.to_logic_popped(mp, broker, popped_from_block(await self._call(
             broker, "pop", group, topic, max_count, invisible_ms, filter_expression, wait_ms, from_latest, skip,
-            rpc_timeout=wait_ms / 1000.0 + 30.0,
+            limits, rpc_timeout=wait_ms / 1000.0 + 30.0,
         )))
 
     async def ack(self, broker: str, group: str, receipt_handle: str) -> None:

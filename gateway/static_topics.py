@@ -44,7 +44,7 @@ MOVED_RETRY_S = 10.0  # how long a send waits for a moved logic queue's new lead
 _CAUGHT_UP = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
 
 __all__ = [
-    "STATIC_ROUTE_TTL_S", "create", "describe", "get_offset", "commit_offset", "pop_skip", "pull",
+    "STATIC_ROUTE_TTL_S", "create", "describe", "get_offset", "commit_offset", "pop_limits", "pull",
     "query_offset", "release", "remap", "reset_offset", "resend_moved", "route_of", "static_config",
     "to_logic_popped",
 ]
@@ -309,17 +309,21 @@ def to_logic_popped(mp: QueueMapping, broker: str, popped: list[PoppedMessage]) 
     return popped
 
 
-async def pop_skip(client: "RemoteBrokerClient", mp: QueueMapping, broker: str, group: str, topic: str,
-                   drained: set[tuple]) -> list[int]:
-    """A FIFO static topic: the logic queues ``broker`` must not pop for ``group`` now, because an
-    older item of theirs elsewhere (or earlier on it) is not consumed and acked to its end yet:
-    a message group's order holds across a remap. ``drained`` remembers items found done."""
-    skip = []
+async def pop_limits(client: "RemoteBrokerClient", mp: QueueMapping, broker: str, group: str, topic: str,
+                     drained: set[tuple]) -> tuple[list[int], list[list[int]]]:
+    """A FIFO static topic: what ``broker`` may pop for ``group`` now, so that a message group's
+    order holds across remaps. ``skip``: the logic queues whose oldest item not yet consumed and
+    acked to its end is elsewhere. ``limits``: ``[queue, end]`` where that item is here but
+    another item here follows it in the chain (a -> b -> a: one physical queue): the broker reads
+    no new message from ``end`` on, not even to park it behind a busy message group.
+    ``drained`` remembers items found done."""
+    skip: list[int] = []
+    limits: list[list[int]] = []
     for q in range(len(mp)):
         chain = mp.chain(q)
         if len(chain) < 2 or all(i.broker != broker for i in chain):
             continue
-        for item in chain:
+        for idx, item in enumerate(chain):
             if item.open:
                 break
             key = (group, topic, q, item.broker, item.phys_end)
@@ -331,8 +335,10 @@ async def pop_skip(client: "RemoteBrokerClient", mp: QueueMapping, broker: str, 
                 continue
             if item.broker != broker:
                 skip.append(q)
+            elif any(later.broker == broker for later in chain[idx + 1:]):
+                limits.append([q, item.phys_end])
             break
-    return skip
+    return skip, limits
 
 
 # ---------------------------------------------------------------------- admin

@@ -242,6 +242,40 @@ def test_fifo_pop_when_a_queue_comes_back_to_its_first_broker(cluster: Cluster) 
     asyncio.run(main())
 
 
+def test_fifo_group_waits_for_the_part_in_between(cluster: Cluster) -> None:
+    """a -> b -> a, one group (g1) still holding a message of a's first part: the other group (g0),
+    whose first-part messages are acked, gets nothing from a's newer part before its message on b."""
+    topic = "pop-between-static"
+
+    async def main() -> None:
+        rp = RemoteProcessor(cluster.gateway_rpc())
+        await rp.create_topic(CTX, topic, queues=1, message_type="FIFO", attributes={"static": "true"})
+        await rp.send(CTX, [Message(topic, b"0", message_group="g1"), Message(topic, b"1", message_group="g0")])
+        first = await rp.pop(CTX, "workers", topic, 32, 60_000, wait_ms=1000)
+        assert sorted(p.message.body for p in first) == [b"0", b"1"]
+        held = next(p for p in first if p.message.message_group == "g1")
+        await rp.ack(CTX, "workers", topic, next(p for p in first if p.message.message_group == "g0").receipt_handle)
+        a = QueueMapping.from_json((await rp.describe_topic(CTX, topic)).config.mapping).last(0).broker
+        b = BROKERS[(BROKERS.index(a) + 1) % 3]
+        await rp.remap_queue(CTX, topic, 0, b)
+        await rp.send(CTX, [Message(topic, b"2", message_group="g0")])  # on b
+        await rp.remap_queue(CTX, topic, 0, a)
+        await rp.send(CTX, [Message(topic, b"3", message_group="g0")])  # on a again
+        assert await rp.pop(CTX, "workers", topic, 32, 60_000, wait_ms=500) == []  # "3" must wait for "2"
+        await rp.ack(CTX, "workers", topic, held.receipt_handle)  # a's first part consumed
+        order = []
+        deadline = time.monotonic() + 30
+        while len(order) < 2 and time.monotonic() < deadline:
+            got = await rp.pop(CTX, "workers", topic, 32, 60_000, wait_ms=300)
+            order += [p.message.body for p in got]
+            for p in got:
+                await rp.ack(CTX, "workers", topic, p.receipt_handle)
+        assert order == [b"2", b"3"]
+        await rp.stop()
+
+    asyncio.run(main())
+
+
 def test_old_offsets_are_read_from_the_old_broker_nothing_copied(cluster: Cluster) -> None:
     topic = "reads-static"
     made = _cli(cluster, "create", topic, "--static", "--queues", "2")
