@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     from adapters.cloudevents import access_cli  # `unimq user|acl ...`: the admin API (stdlib only)
 
     access_cli.add_parsers(sub)
+    from adapters.cloudevents import quota_cli  # `unimq quota ...`: traffic limits over the admin API
+
+    quota_cli.add_parser(sub)
     from adapters.cloudevents import admin_cli  # `unimq admin ...`: the console's views over /v1/admin
 
     admin_cli.add_parser(sub)
@@ -154,6 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from adapters.cloudevents import access_cli
 
         return access_cli.run(args)
+    if args.command == "quota":
+        from adapters.cloudevents import quota_cli
+
+        return quota_cli.run(args)
     if args.command == "admin":
         from adapters.cloudevents import admin_cli
 

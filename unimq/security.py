@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from gateway.access.authorizer import StoreAuthorizer, host_is_loopback
 from gateway.access.store import IdentityStore
 from gateway.access.login_throttle import LoginThrottle
+from gateway.access.traffic import TrafficControl
 
 from .node import StartupError
 
@@ -43,6 +44,7 @@ async def start_identities(settings: UnimqSettings, processor: MessagingProcesso
                                    settings.login_throttle_max_delay_s,
                                    on_delay=lambda door: processor.metrics.inc("login_throttled", door),
                                    loopback=settings.login_throttle_loopback)
+    store.traffic = TrafficControl(settings.quota_refuse_after_s, settings.quota_burst_s)
     await store.start()
     loopback = host_is_loopback(settings.host)
     if not loopback and not store.has_users and not settings.allow_anonymous:

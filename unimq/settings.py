@@ -149,6 +149,10 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
     login_throttle_window_s: float = 60.0
     login_throttle_max_delay_s: float = 5.0
     login_throttle_loopback: bool = False  # also slow down loopback addresses (not behind a local proxy)
+    # Traffic limits (`unimq quota`): a client kept over its publish rate longer than this (or whose
+    # backlog alone would take longer to pay off) is refused with its protocol's quota error.
+    quota_refuse_after_s: float = 10.0
+    quota_burst_s: float = 1.0  # a publish rate's bucket holds this many seconds' worth
     # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
     # Queues given to an auto-created topic, and to a declared topic that names none.
@@ -189,6 +193,8 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
                 raise ValueError("a broker in a group needs broker_id and controller_addr (--broker-id, --controller-addr)")
             if self.min_insync_replicas < 1:
                 raise ValueError(f"min_insync_replicas must be at least 1, got {self.min_insync_replicas}")
+        if not 0 < self.quota_refuse_after_s <= 3600 or not 0 < self.quota_burst_s <= 3600:
+            raise ValueError("quota_refuse_after_s and quota_burst_s must be between 0 and 3600 seconds")
         if not 0.05 <= self.auth_refresh_s <= 60:
             raise ValueError(f"auth_refresh_s must be between 0.05 and 60 seconds, got {self.auth_refresh_s!r}")
         if self.login_throttle_failures < 0 or self.login_throttle_window_s <= 0 or \

@@ -27,6 +27,7 @@ from typing import Any
 from pamqp import commands as C
 
 from core_broker.errors import MessageTooLargeError, TopicNotFoundError, UnimqError
+from gateway.access.traffic import Lease, Meter, QuotaExceededError, TrafficControl
 from gateway.auth import AMQP_SEP, Action, Resource
 from gateway.context import RequestContext
 
@@ -54,6 +55,7 @@ log = logging.getLogger("unimq.amqp")
 
 __all__ = ["AmqpConnection", "SERVER_PROPERTIES"]
 
+_NO_LIMITS = TrafficControl()  # what a door without an identity store charges: never active
 OPEN = ConnState.OPEN
 CLOSING = ConnState.CLOSING
 CLOSED = ConnState.CLOSED
@@ -99,6 +101,13 @@ class AmqpConnection(asyncio.Protocol):
         self._hb_task: asyncio.Task[None] | None = None
         self._close_timer: asyncio.TimerHandle | None = None
         self.exclusive_queues: set[QueueState] = set()  # declared exclusive here: deleted with the connection
+        ids = broker.identities
+        # traffic limits (gateway.access.traffic): one inactive instance when there is no identity store
+        self.traffic: TrafficControl = ids.traffic if ids is not None else _NO_LIMITS
+        self.lease: Lease | None = None
+        self.meter: Meter | None = None
+        self._held_until = 0.0  # reading stopped until then: over its publish rate
+        self._hold_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ transport callbacks
 
@@ -114,6 +123,11 @@ class AmqpConnection(asyncio.Protocol):
             self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
         prev = self.state
         self.state = transition(prev, Signal.LOST)
         self.writable = False
@@ -209,11 +223,50 @@ class AmqpConnection(asyncio.Protocol):
     def _maybe_pause(self) -> None:
         if not self._reading_paused and (len(self._backlog) > MAX_PENDING or self.publisher.backlog() > MAX_PENDING):
             self._reading_paused = True
-            if self.transport is not None:
+            if self.transport is not None and not self._held_until:
                 self.transport.pause_reading()
+
+    def meter_of(self) -> Meter:
+        m = self.meter
+        if m is None:
+            m = self.meter = self.traffic.meter(self.ctx.principal, self.ctx.client_id)
+        return m
+
+    def hold(self, wait: float) -> None:
+        """Over its publish rate: stop reading the socket for ``wait`` seconds, telling a client that
+        takes ``connection.blocked`` (RabbitMQ's flow notice) why it is held."""
+        until = self.loop.time() + wait
+        if until <= self._held_until:
+            return
+        first = self._held_until == 0.0
+        self._held_until = until
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+        self._hold_timer = self.loop.call_at(until, self._release_hold)
+        if first:
+            self.broker.processor.metrics.inc("quota_throttled", "amqp")
+            if self.transport is not None and not self._reading_paused:
+                self.transport.pause_reading()
+            if self.broker.blocked is None:
+                self.notify_blocked("publish rate limit")
+
+    def _release_hold(self) -> None:
+        self._hold_timer = None
+        self._held_until = 0.0
+        if self.state is CLOSED:
+            return
+        if self.broker.blocked is None:
+            self.notify_blocked(None)
+        if not self._reading_paused and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def maybe_resume(self) -> None:
         """Read from the socket again once the backlog and the pending publishes are down to half."""
+        if self._held_until:
+            if self._reading_paused and len(self._backlog) <= MAX_PENDING // 2 \
+                    and self.publisher.backlog() <= MAX_PENDING // 2:
+                self._reading_paused = False  # the hold's end resumes reading
+            return
         if (self._reading_paused and len(self._backlog) <= MAX_PENDING // 2
                 and self.publisher.backlog() <= MAX_PENDING // 2):
             self._reading_paused = False
@@ -447,6 +500,15 @@ class AmqpConnection(asyncio.Protocol):
                 log.warning("denied: user=%s protocol=amqp from=%s action=open vhost=%r", self.user, self.peer, vh.name)
                 raise AmqpError(codec.ACCESS_REFUSED, f"access to vhost '{vh.name}' refused for user '{self.user}'",
                                 10, 40, hard=True)
+            if ids is not None:  # a connection slot of the user and client id (gateway.access.traffic)
+                try:
+                    self.lease = ids.traffic.connect(self.ctx.principal, self.ctx.client_id)
+                except QuotaExceededError as e:
+                    self.broker.processor.metrics.inc("quota_exceeded", "amqp")
+                    log.warning("refused: protocol=amqp user=%s from=%s: %s", self.user, self.peer, e)
+                    kind, _, who = str(e.details.get("subject", "")).partition(":")
+                    raise AmqpError(codec.NOT_ALLOWED, f"Connection refused for {kind} '{who}': {kind} connection "
+                                    f"limit ({e.details.get('limit')}) is reached", 10, 40, hard=True) from None
             self.vhost = vh
             self.state = nxt
             if self._close_timer is not None:

@@ -261,6 +261,12 @@ async def _basic_consume(conn: AmqpConnection, ch: Channel, m: Any) -> None:
         raise AmqpError(codec.ACCESS_REFUSED, f"queue '{q.name}' in vhost '{q.vhost.name}' in exclusive use", 60, 20)
     if any(c.exclusive for c in q.consumers):
         raise AmqpError(codec.ACCESS_REFUSED, f"queue '{q.name}' in vhost '{q.vhost.name}' in exclusive use", 60, 20)
+    if conn.traffic.active:  # a limit on this user's or client's subscriptions (gateway.access.traffic)
+        most = conn.meter_of().subscriptions()
+        if most is not None and sum(len(c.consumers) for c in conn.channels.values()) >= most:
+            conn.broker.processor.metrics.inc("quota_exceeded", "amqp")
+            raise AmqpError(codec.PRECONDITION_FAILED, f"consumer limit ({most}) of user "
+                            f"'{conn.user}' on this connection is reached", 60, 20)
     c = Consumer(ch, q, tag, m.no_ack, m.exclusive, ch.prefetch)
     if not m.nowait:
         conn.send_method(ch.number, codec.method(C.Basic.ConsumeOk, consumer_tag=tag))

@@ -21,6 +21,7 @@ from pamqp import commands as C
 
 from core_broker.errors import BadRequestError, NotEnoughInSyncReplicasError, NotMasterError, StoreFullError, UnimqError
 
+from gateway.access.traffic import QuotaExceededError
 from gateway.auth import Action
 
 from . import codec
@@ -93,6 +94,8 @@ class Publisher:
         if len(body) > conn.broker.max_message_size:
             raise AmqpError(codec.PRECONDITION_FAILED, f"message size {len(body)} is larger than configured max "
                             f"size {conn.broker.max_message_size}", 60, 40)
+        if conn.traffic.active and self._over_rate(ch, len(body)):
+            return
         props = ev.properties
         if props:
             uid = props.get("user_id")
@@ -149,6 +152,27 @@ class Publisher:
         if self._sender is None:
             self._idle.clear()
             self._sender = conn.loop.create_task(self._send_loop())
+
+    def _over_rate(self, ch: Channel, nbytes: int) -> bool:
+        """Charge one publish to the connection's budget (``gateway.access.traffic``): over its rate,
+        the connection stops being read for a while (:meth:`AmqpConnection.hold`); True when the excess
+        persists and this publish is refused, not stored: basic.nack under confirms, else the channel
+        closed with 406."""
+        conn = self.conn
+        try:
+            wait = conn.meter_of().charge(1, nbytes)
+        except QuotaExceededError as e:
+            conn.broker.processor.metrics.inc("quota_exceeded", "amqp")
+            if not ch.confirm:
+                raise AmqpError(codec.PRECONDITION_FAILED, f"publish refused for user '{conn.user}': {e}",
+                                60, 40) from None
+            ch.pub_seq += 1
+            conn.write(codec.encode_method(ch.number, codec.method(C.Basic.Nack, delivery_tag=ch.pub_seq,
+                                                                   multiple=False, requeue=False)))
+            return True
+        if wait > 0:
+            conn.hold(wait)
+        return False
 
     async def _send_loop(self) -> None:
         conn = self.conn

@@ -1,9 +1,9 @@
-"""The HTTP door's admin API for users and permissions: ``/v1/admin/users``, ``/v1/admin/acl``, imports.
+"""The HTTP door's admin API for users, permissions and limits: ``/v1/admin/users``, ``/acl``, ``/quotas``, imports.
 
 Why on the HTTP door: it is the admin surface of every deployment shape (the
 ``unimq user`` and ``unimq acl`` commands are its clients, like ``unimq
 topic``). Every route asks the processor's authorizer for ``admin`` on the
-admin area it touches (``users`` or ``acl``; a superuser has it), so the check
+admin area it touches (``users``, ``acl`` or ``quotas``; a superuser has it), so the check
 is the one every door's calls go through. Changes go to the identity store
 (``gateway.access.store``), which every gateway picks up within a second.
 Passwords arrive in request bodies (never in URLs, which end up in logs) and
@@ -20,6 +20,7 @@ from fastapi.responses import Response
 
 from core_broker.errors import InvalidArgumentError
 from gateway.access.imports import Imported, mosquitto, rabbitmq_definitions
+from gateway.access.limits import Limits
 from gateway.access.model import Permission, parse_actions
 from gateway.access.store import IdentityStore
 from gateway.auth import Action, Resource
@@ -172,6 +173,51 @@ def router(deps: Deps) -> APIRouter:
         actions = parse_actions(body["actions"]) if body.get("actions") else None
         if not await store.revoke(text(body, "subject"), text(body, "resource"), text(body, "pattern"), actions):
             raise ApiError(404, "PERMISSION_NOT_FOUND", "nothing is granted to that subject on that pattern")
+        return Response(status_code=204)
+
+    def limits_view(store: IdentityStore, kind: str, name: str, limits: Limits) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": kind, "name": name, **limits.to_dict()}
+        if name != "*":
+            d["open_connections"] = store.traffic.connections(kind, name)
+        return d
+
+    @router.get("/quotas")
+    async def list_quotas(request: Request) -> Response:
+        """Every traffic limit: `{"kind": user|client, "name", "connections", "publish_msgs_per_s",
+        "publish_bytes_per_s", "subscriptions", "open_connections"}` (a figure left out: no limit)."""
+        store = await store_for(request, "quotas")
+        return json_response([limits_view(store, k, n, lim) for (k, n), lim in sorted(store.snapshot.limits.items())])
+
+    @router.get("/quotas/{kind}/{name}")
+    async def get_quota(request: Request, kind: str = Path(), name: str = Path()) -> Response:
+        store = await store_for(request, "quotas")
+        lim = store.snapshot.limits.get((kind, name))
+        if lim is None:
+            raise ApiError(404, "QUOTA_NOT_FOUND", f"no limits for {kind} {name!r}")
+        return json_response(limits_view(store, kind, name, lim))
+
+    async def _set_quota(request: Request, kind: str, name: str, merge: bool) -> Response:
+        store = await store_for(request, "quotas")
+        lim = await store.set_limits(kind, name, Limits.from_dict(await body_of(request)), merge=merge)
+        return json_response(limits_view(store, kind, name, lim))
+
+    @router.put("/quotas/{kind}/{name}")
+    async def put_quota(request: Request, kind: str = Path(description="user or client"),
+                        name: str = Path(description="a user name, a client id, or * for every one")) -> Response:
+        """Set the limits of a user or a client id (those left out: no limit); open connections
+        follow within a second."""
+        return await _set_quota(request, kind, name, False)
+
+    @router.patch("/quotas/{kind}/{name}")
+    async def patch_quota(request: Request, kind: str = Path(), name: str = Path()) -> Response:
+        """Change some limits of a user or a client id (those left out stay as they are)."""
+        return await _set_quota(request, kind, name, True)
+
+    @router.delete("/quotas/{kind}/{name}", status_code=204, response_class=Response)
+    async def delete_quota(request: Request, kind: str = Path(), name: str = Path()) -> Response:
+        store = await store_for(request, "quotas")
+        if not await store.delete_limits(kind, name):
+            raise ApiError(404, "QUOTA_NOT_FOUND", f"no limits for {kind} {name!r}")
         return Response(status_code=204)
 
     async def _write(store: IdentityStore, imported: Imported, replace: bool) -> Response:

@@ -13,6 +13,7 @@ stopping); :data:`STATUS_OF_CODE` is the processor's codes' table.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -41,6 +42,8 @@ STATUS_OF_CODE = {
     "USER_NOT_FOUND": 404,
     "PERMISSION_NOT_FOUND": 404,
     "USER_EXISTS": 409,
+    "QUOTA_NOT_FOUND": 404,
+    "TOO_MANY_REQUESTS": 429,  # a traffic limit (gateway.access.traffic): with Retry-After
     "SUBSCRIPTION_NOT_FOUND": 404,
     "NOT_ACCEPTABLE": 406,  # format=arrow on a server without pyarrow
     "TOPIC_EXISTS": 409,
@@ -82,7 +85,10 @@ def install_error_handlers(app: FastAPI) -> None:
         status = STATUS_OF_CODE.get(exc.code, 400)
         if status >= 500:
             log.warning("%s %s: %s: %s", request.method, request.url.path, exc.code, exc)
-        resp = error_response(status, exc.code, str(exc))
+        retry = exc.details.get("retry_after_s") if status == 429 else None
+        resp = error_response(status, exc.code, str(exc), **({"retry_after_s": retry} if retry is not None else {}))
+        if retry is not None:  # RFC 9110 10.2.3: whole seconds
+            resp.headers["retry-after"] = str(max(1, math.ceil(float(retry))))  # type: ignore[arg-type]
         if status == 401:  # RFC 9110: a 401 names the schemes that would work
             resp.headers["www-authenticate"] = WWW_AUTHENTICATE
         return resp

@@ -63,6 +63,7 @@ def routes(deps: Deps) -> tuple[APIRouter, Route]:
             msgs = messages_from_batch(topic, body, p.config.max_batch, index_ids)
             if not msgs:
                 return json_response([])
+            await deps.admit(ctx, msgs)
             return json_response(send_list_json(await p.send(ctx, msgs)))
         if base == CE_JSON_CONTENT_TYPE:
             msg = message_from_structured(topic, body)
@@ -81,6 +82,7 @@ def routes(deps: Deps) -> tuple[APIRouter, Route]:
             msg = message_from_binary(topic, ce_headers, body)
         if index_ids:
             key_by_event_id(msg)
+        await deps.admit(ctx, (msg,))
         r = (await p.send(ctx, (msg,)))[0]
         return Response(dumps(send_json(r)), media_type=JSON)
 
@@ -132,7 +134,9 @@ def routes(deps: Deps) -> tuple[APIRouter, Route]:
             raise ApiError(400, "BAD_REQUEST", "delivery time out of range")
         msg = Message(topic, body, tag=tag or None, keys=key_list, properties=props, message_group=group or None,
                       delivery_time_ms=when or 0, protocol="http")
-        r = (await p.send(request_context(request, "http"), (msg,)))[0]
+        ctx = request_context(request, "http")
+        await deps.admit(ctx, (msg,))
+        r = (await p.send(ctx, (msg,)))[0]
         return json_response(send_json(r))
 
 

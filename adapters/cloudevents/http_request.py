@@ -9,11 +9,11 @@ body, and the query parameters every consuming route takes the same way
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from fastapi import Request
 
-from core_broker.model import FilterExpression, FilterType
+from core_broker.model import FilterExpression, FilterType, Message
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
 
@@ -40,6 +40,14 @@ class Deps:
         settings = state.settings
         return cls(state, getattr(settings, "http_max_body_bytes", 16 * 1024 * 1024),
                    getattr(settings, "http_index_event_ids", False))
+
+    async def admit(self, ctx: RequestContext, msgs: Sequence[Message]) -> None:
+        """Hold a publish back while its caller is over its rate; 429 when that persists
+        (``gateway.access.traffic``; nothing to do when no limit is set)."""
+        ids = self.state.identities
+        if ids is not None and ids.traffic.active and not ctx.trusted:
+            await ids.traffic.admit(ctx.principal, ctx.client_id, len(msgs), sum(len(m.body) for m in msgs),
+                                    ctx.protocol, self.processor().metrics)
 
     def processor(self) -> MessagingAPI:
         """The processor, or 503 while the process is not ready (starting or stopping)."""

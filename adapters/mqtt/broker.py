@@ -34,6 +34,7 @@ from typing import Any, Coroutine, Sequence
 
 from core_broker.errors import MessageTooLargeError, StoreFullError, UnimqError
 from core_broker.model import DispatchTarget, Message
+from gateway.access.traffic import QuotaExceededError
 from gateway.api import MessagingAPI
 from gateway.auth import AllOf, Authorizer
 from gateway.context import RequestContext
@@ -305,6 +306,7 @@ class MQTTBroker:
         new_subs: list[tuple[Subscription, bool]] = []
         changed = False
         routing = self.routing
+        traffic = self.identities.traffic if self.identities is not None else None
         for key, opts in pkt.subscriptions:
             try:
                 group, flt = parse_shared(key)
@@ -320,6 +322,12 @@ class MQTTBroker:
                 codes.append(C.RC_NOT_AUTHORIZED if v5 else 0x80)
                 continue
             old = s.subs.get(key)
+            if old is None and traffic is not None and traffic.active:
+                most = conn.meter_of(traffic).subscriptions()
+                if most is not None and len(s.subs) >= most:  # a limit on this client (gateway.access.traffic)
+                    self.processor.metrics.inc("quota_exceeded", "mqtt")
+                    codes.append(C.RC_QUOTA_EXCEEDED if v5 else 0x80)
+                    continue
             if old is not None:
                 existed = True
                 old.qos, old.no_local, old.rap, old.rh, old.sub_id = (opts.qos, opts.no_local,
@@ -620,6 +628,15 @@ class MQTTBroker:
             expiry = min(props.get("session_expiry_interval", 0), cfg.max_session_expiry)
         else:
             expiry = 0 if pkt.clean_start else SESSION_NEVER_EXPIRES
+        if ids is not None:  # a connection slot of the user and client id (a takeover frees its own)
+            prev = self.sessions.get(cid)
+            try:
+                conn.lease = ids.traffic.connect(pkt.username, cid, replaces=prev is not None and prev.conn is not None)
+            except QuotaExceededError as e:
+                self.processor.metrics.inc("quota_exceeded", "mqtt")
+                log.warning("refused: protocol=mqtt client=%s from=%s: %s", cid, conn.peer, e)
+                conn.refuse(C.RC_QUOTA_EXCEEDED, str(e))  # 3.1.1: 3, server unavailable
+                return
         # another gateway's session comes here first (fleet.py), then the takeover here
         await self.fleet.claim(cid, pkt.clean_start)
         if conn.closed:
@@ -693,6 +710,7 @@ class MQTTBroker:
     def detach(self, conn: Connection) -> None:
         """The connection is gone (closed by either side): will, session end or expiry."""
         self.connections.discard(conn)
+        conn.release_lease()
         s = conn.session
         if s is None or s.conn is not conn:
             return

@@ -20,6 +20,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from gateway.access.traffic import Lease, Meter, QuotaExceededError, TrafficControl
+
 from . import codec as C
 from .codec import Decoder, MQTTProtocolError, encode, encode_properties, encode_publish
 from .config import MQTTConfig
@@ -66,7 +68,8 @@ class Connection:
     __slots__ = ("broker", "config", "counters", "delivery", "transport", "peer", "decoder", "version",
                  "session", "will", "publish_will", "proto", "closed", "connected", "writable", "window",
                  "problem_info", "keepalive", "last_rx", "alias_in", "alias_out", "alias_out_max", "max_out_packet",
-                 "inbox", "_worker", "_wbuf", "_wsize", "_flush_scheduled", "_paused", "_freed", "_timer", "loop")
+                 "inbox", "_worker", "_wbuf", "_wsize", "_flush_scheduled", "_paused", "_freed", "_timer", "loop",
+                 "lease", "meter", "_held")
 
     def __init__(self, broker: MQTTBroker, transport: Any, peer: str) -> None:
         self.broker = broker
@@ -105,6 +108,9 @@ class Connection:
         self._timer: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
         self._timer = self.loop.call_later(broker.config.connect_timeout_s, self._connect_timeout)
+        self.lease: Lease | None = None  # a connection slot of its user and client id (gateway.access.traffic)
+        self.meter: Meter | None = None  # its publish budget, made once a limit exists
+        self._held = False  # reading stopped: over its publish rate
 
     # -- transport side
 
@@ -153,7 +159,22 @@ class Connection:
             self._paused = True
             self.transport.pause_reading()
 
+    def release_lease(self) -> None:
+        lease = self.lease
+        if lease is not None:
+            self.lease = None
+            lease.release()
+
+    def meter_of(self, traffic: TrafficControl) -> Meter:
+        m = self.meter
+        if m is None:
+            s = self.session
+            m = self.meter = traffic.meter(s.ctx.principal if s is not None else None,
+                                           s.client_id if s is not None else "")
+        return m
+
     def lost(self) -> None:
+        self.release_lease()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -206,6 +227,7 @@ class Connection:
         self._flush()
         self.proto.move(CLOSE)
         self.closed = True
+        self.release_lease()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -342,7 +364,7 @@ class Connection:
                     self._protocol_error(pkt)
                 else:
                     await self._dispatch(pkt)
-                if self._paused and len(inbox) < 1024 and not self.closed:
+                if self._paused and len(inbox) < 1024 and not self.closed and not self._held:
                     self._paused = False
                     self.transport.resume_reading()
             if self._freed:
@@ -547,10 +569,61 @@ class Connection:
             elif denied is not None:
                 denied.append(False)
             items.append(p)
+        ids = broker.identities
+        if items and ids is not None and ids.traffic.active:
+            items, denied = await self._within_rate(ids.traffic, items, denied)
         if items:
             await self._store_and_ack(items, denied)
         if err is not None:
             raise err
+
+    async def _within_rate(self, traffic: TrafficControl, items: list[C.Publish],
+                           denied: list[bool] | None) -> tuple[list[C.Publish], list[bool] | None]:
+        """Charge a batch to the client's publish budget (``gateway.access.traffic``): over its rate,
+        stop reading its socket until it is paid off, then store it; when that persists, refuse what is
+        left: v5 PUBACK/PUBREC 0x97 (QoS 0: DISCONNECT 0x97), 3.1.1 closed. Nothing refused is stored
+        or acknowledged."""
+        meter = self.meter_of(traffic)
+        wait = 0.0
+        kept = len(items)
+        for i, p in enumerate(items):
+            try:
+                wait = meter.charge(1, len(p.payload))
+            except QuotaExceededError as e:
+                kept = i
+                refusal = e
+                break
+        metrics = self.broker.processor.metrics
+        if wait > 0:
+            metrics.inc("quota_throttled", "mqtt")
+            self._held = True
+            self.transport.pause_reading()
+            try:
+                await asyncio.sleep(wait)
+            finally:
+                self._held = False
+                if not self._paused and not self.closed:
+                    self.transport.resume_reading()
+        if kept == len(items):
+            return items, denied
+        metrics.inc("quota_exceeded", "mqtt")
+        refused = items[kept:]
+        items = items[:kept]
+        denied = denied[:kept] if denied is not None else None
+        if kept:
+            await self._store_and_ack(items, denied)
+        if self.version == C.MQTT_5 and all(p.qos for p in refused):
+            out = []
+            for p in refused:  # (their QoS 2 ids were not taken: a resend is a new message)
+                out.append(encode(C.PubAck(p.packet_id, C.RC_QUOTA_EXCEEDED, {"reason_string": str(refusal)}
+                                           if self.problem_info else None) if p.qos == 1 else
+                                  C.PubRec(p.packet_id, C.RC_QUOTA_EXCEEDED), self.version))
+            self.send(b"".join(out))
+        else:
+            log.info("mqtt: %s over its publish quota: %s", self.peer, refusal)
+            self.close(C.RC_QUOTA_EXCEEDED, str(refusal))
+            self.lost()
+        return [], None
 
     async def _store_and_ack(self, items: list[C.Publish], denied: list[bool] | None) -> None:
         """Store a batch of accepted PUBLISHes and send their PUBACKs / PUBRECs in one write."""

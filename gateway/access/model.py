@@ -220,3 +220,5 @@ class Snapshot:
 
     users: dict[str, User] = field(default_factory=dict)
     permissions: dict[str, Permission] = field(default_factory=dict)  # key -> permission
+    # traffic limits: (kind "user"|"client", name or "*") -> gateway.access.limits.Limits
+    limits: dict[tuple[str, str], Any] = field(default_factory=dict)

@@ -43,6 +43,8 @@ from .model import AccessKey, ApiKey, Permission, Snapshot, User, new_access_key
 from .passwords import hash_password, needs_rehash, verify_password
 from .permissions import Rules
 from .login_throttle import LoginThrottle
+from .limits import Limits, parse_subject
+from .traffic import TrafficControl
 
 if TYPE_CHECKING:
     from ..api import MessagingAPI
@@ -86,6 +88,7 @@ class IdentityStore:
         self.listeners: list[Callable[[], None]] = []  # called after every reload
         self._rehashing: set[str] = set()
         self.throttle = LoginThrottle()  # every door's failed logins, per address (README "Security")
+        self.traffic = TrafficControl()  # every door's limits per user and client id (README "Traffic control")
 
     # -- lifecycle
 
@@ -118,6 +121,9 @@ class IdentityStore:
                     snap.users[u.name] = u
                 elif key.startswith("perm:"):
                     snap.permissions[key] = Permission.from_json(raw)
+                elif key.startswith("limit:"):
+                    kind, _, name = key[len("limit:"):].partition(":")
+                    snap.limits[parse_subject(kind, name)] = Limits.from_json(raw)
             except (ValueError, KeyError, TypeError, UnimqError) as e:
                 log.warning("identity store: ignoring unreadable entry %r: %s", key, e)
         self._install(snap)
@@ -128,6 +134,7 @@ class IdentityStore:
         self.rules = Rules(snap)
         self._keys = {k.key_id: (u.name, k) for u in snap.users.values() for k in u.api_keys}
         self._access = {k.access_key: (u.name, k.secret_key) for u in snap.users.values() for k in u.access_keys}
+        self.traffic.install(snap.limits)
         for cb in list(self.listeners):
             cb()
 
@@ -232,10 +239,11 @@ class IdentityStore:
         await self._put([(f"user:{name}", replace(user, roles=roles).to_json())])
 
     async def delete_user(self, name: str) -> None:
-        """Remove a user and the permissions granted to them by name (as RabbitMQ does)."""
+        """Remove a user, the permissions granted to them by name (as RabbitMQ does) and their limits."""
         self.user(name)
         perms = [k for k, p in self.snapshot.permissions.items() if p.subject == name]
-        await self._put([(f"user:{name}", None)] + [(k, None) for k in perms])
+        limits = [(f"limit:user:{name}", None)] if ("user", name) in self.snapshot.limits else []
+        await self._put([(f"user:{name}", None)] + [(k, None) for k in perms] + limits)
 
     async def add_api_key(self, name: str) -> tuple[str, ApiKey]:
         """A new API key for ``name``: (the token, shown once; what is stored)."""
@@ -291,6 +299,28 @@ class IdentityStore:
             await self._put([(old.key, Permission(subject, resource, pattern, left).to_json())])
         else:
             await self._put([(old.key, None)])
+        return True
+
+
+    # -- traffic limits
+
+    async def set_limits(self, kind: str, name: str, limits: Limits, *, merge: bool = True) -> Limits:
+        """Set a user's or a client id's limits (``merge``: only the figures given change)."""
+        key = parse_subject(kind, name)
+        old = self.snapshot.limits.get(key)
+        if merge and old is not None:
+            limits = old.merged(limits)
+        if limits.empty:
+            raise InvalidArgumentError("give at least one limit")
+        await self._put([(f"limit:{key[0]}:{key[1]}", limits.to_json())])
+        return limits
+
+    async def delete_limits(self, kind: str, name: str) -> bool:
+        """Remove a user's or a client id's limits; False if there were none."""
+        key = parse_subject(kind, name)
+        if key not in self.snapshot.limits:
+            return False
+        await self._put([(f"limit:{key[0]}:{key[1]}", None)])
         return True
 
 

@@ -102,6 +102,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     ) -> None:
         self.processor = processor
         # grpc_credentials, then the identity store's access keys (gateway.access.store.IdentityStore)
+        self.identities = identities  # also its traffic limits (gateway.access.traffic)
         self.credentials = KeyRing(credentials or {}, identities.access_key if identities is not None else None,
                                    (lambda: identities.has_users) if identities is not None else None)
         self.max_delivery_attempts = max_delivery_attempts
@@ -241,6 +242,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         if len(kinds) > 1:
             raise cv.InvalidMessage(Code.BAD_REQUEST, "transactional and other messages cannot share one request")
         transactional = kinds.pop()
+        ids = self.identities
+        if ids is not None and ids.traffic.active:  # over its rate: answered late, or TOO_MANY_REQUESTS
+            await ids.traffic.admit(ctx.principal, ctx.client_id, len(msgs), sum(len(m.body) for m in msgs),
+                                    "grpc", self.processor.metrics)
         if ctx.client_id:
             for msg in msgs:
                 self.sessions.published(ctx.client_id, ctx.namespace, msg.topic)
