@@ -27,6 +27,7 @@ from typing import Any
 from pamqp import commands as C
 
 from core_broker.errors import MessageTooLargeError, TopicNotFoundError, UnimqError
+from gateway.access.certs import cert_identity, is_tls, known_identity
 from gateway.access.traffic import Lease, Meter, QuotaExceededError, TrafficControl
 from gateway.auth import AMQP_SEP, Action, Resource
 from gateway.context import RequestContext
@@ -479,8 +480,22 @@ class AmqpConnection(asyncio.Protocol):
     def _start(self) -> None:
         self.state = transition(self.state, Signal.PROTOCOL_HEADER)
         self.send_method(0, codec.method(C.Connection.Start, version_major=0, version_minor=9,
-                                         server_properties=SERVER_PROPERTIES, mechanisms="PLAIN AMQPLAIN",
+                                         server_properties=SERVER_PROPERTIES, mechanisms=" ".join(self._mechanisms()),
                                          locales="en_US"))
+
+    def _mechanisms(self) -> list[str]:
+        """The SASL mechanisms offered: amqp_auth_mechanisms, EXTERNAL only on a TLS connection."""
+        configured = getattr(self.settings, "amqp_auth_mechanisms", ["PLAIN", "AMQPLAIN"])
+        return [m for m in configured if m != "EXTERNAL" or is_tls(self.transport)]
+
+    def _external_user(self) -> str:
+        """EXTERNAL (RabbitMQ's rabbitmq_auth_mechanism_ssl): the CN of the verified client certificate,
+        a user of the store (any name while it has none); else 403 in RabbitMQ's words."""
+        cn = cert_identity(self.transport) if "EXTERNAL" in self._mechanisms() else None
+        if cn is None or not known_identity(self.broker.identities, cn):
+            raise AmqpError(codec.ACCESS_REFUSED, "Login was refused using authentication mechanism EXTERNAL. "
+                            "For details see the broker logfile.", 10, 11, hard=True)
+        return cn
 
     async def _connection_method(self, m: Any) -> None:
         """A method on channel 0: the table says whether it may come now (else 503) and what follows."""
@@ -538,14 +553,14 @@ class AmqpConnection(asyncio.Protocol):
         user: str | None = None
         if ids is not None:
             await ids.throttle.wait("amqp", self.peer)
-        if ids is not None and ids.has_users:  # the identity store first, then the door's amqp_users
+        if m.mechanism != "EXTERNAL" and ids is not None and ids.has_users:  # the store, then amqp_users
             name, password = credentials(m.mechanism, m.response)
             if isinstance(name, str) and isinstance(password, str) and \
                     await ids.authenticate_password(name, password) is not None:
                 user = name
         if user is None:
             try:
-                user = authenticate(m, self.settings, self.peer)
+                user = self._external_user() if m.mechanism == "EXTERNAL" else authenticate(m, self.settings, self.peer)
             except AmqpError:
                 if ids is not None:
                     ids.throttle.failed("amqp", self.peer)

@@ -40,6 +40,9 @@ class AmqpSettings(DoorSettings):
     # A delivered, unacked message is hidden in the store for this long and the lease is
     # renewed while its channel lives; after a crash it is redelivered within this time.
     amqp_lease_ms: int = 60_000
+    # SASL mechanisms offered (RabbitMQ's auth_mechanisms): PLAIN, AMQPLAIN, and EXTERNAL (RabbitMQ's
+    # rabbitmq_auth_mechanism_ssl): on AMQPS, the CN of the client's verified certificate is the user.
+    amqp_auth_mechanisms: list[str] = field(default_factory=lambda: ["PLAIN", "AMQPLAIN"])
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -51,6 +54,10 @@ class AmqpSettings(DoorSettings):
             isinstance(k, str) and k and isinstance(v, str) for k, v in self.amqp_users.items()
         ):
             raise ValueError(f"amqp_users must map user names to password strings, got {self.amqp_users!r}")
+        if not isinstance(self.amqp_auth_mechanisms, list) or not self.amqp_auth_mechanisms or \
+                not set(self.amqp_auth_mechanisms) <= {"PLAIN", "AMQPLAIN", "EXTERNAL"}:
+            raise ValueError(f"amqp_auth_mechanisms must list some of PLAIN, AMQPLAIN, EXTERNAL, "
+                             f"got {self.amqp_auth_mechanisms!r}")
         for name in ("amqp_loopback_users", "amqp_vhosts"):
             v = getattr(self, name)
             if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):

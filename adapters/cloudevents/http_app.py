@@ -30,6 +30,7 @@ from fastapi import FastAPI
 
 from . import http_admin, http_console, http_ingest, http_ops, http_pop, http_push, http_read, http_table, http_topics
 from .http_auth import AuthMiddleware
+from .http_certs import PeerCerts
 from .http_errors import STATUS_OF_CODE, install_error_handlers
 from .http_request import Deps
 from .http_responses import send_json, send_list_json
@@ -42,8 +43,9 @@ if TYPE_CHECKING:  # imported for type hints only
 __all__ = ["create_app", "STATUS_OF_CODE", "send_json", "send_list_json"]
 
 
-def create_app(state: ServerState[Any]) -> FastAPI:
-    """Build the FastAPI app for one server; ``state.phase`` drives ``/healthz``."""
+def create_app(state: ServerState[Any], certs: PeerCerts | None = None) -> FastAPI:
+    """Build the FastAPI app for one server; ``state.phase`` drives ``/healthz``; ``certs``: the
+    HTTPS connections' client certificate names, when they are identities (``http_cert_identity``)."""
     deps = Deps.of(state)
     push = PushManager(state.processor, getattr(state.settings, "http_push_allowed_hosts", []))
     collector = UnimqCollector(state.processor, push, state.clients,
@@ -106,5 +108,5 @@ def create_app(state: ServerState[Any]) -> FastAPI:
     admin.include_router(http_console.router(deps))  # the console's views and actions, beside users and ACLs
     app.mount("/v1/admin", admin)
     # Basic / Bearer logins, checked against the process's identity store before any route runs.
-    app.add_middleware(AuthMiddleware, state=state)
+    app.add_middleware(AuthMiddleware, state=state, certs=certs)
     return app

@@ -1,4 +1,5 @@
-"""The HTTP door's login: ``Authorization: Basic`` (a user's password) and ``Bearer`` (an API key).
+"""The HTTP door's login: ``Authorization: Basic`` (a user's password), ``Bearer`` (an API key), and
+on HTTPS with ``http_cert_identity`` the client certificate (``http_certs``).
 
 Why an ASGI middleware: every route (and the plain-Starlette ingest fast path)
 needs the caller's identity in its :class:`RequestContext`, and a failed login
@@ -25,6 +26,7 @@ from typing import Any, Awaitable, Callable
 
 from fastapi.responses import JSONResponse
 
+from gateway.access.certs import known_identity
 from gateway.context import RequestContext
 
 __all__ = ["AuthMiddleware", "Basic", "Bearer", "MalformedCredentials", "WWW_AUTHENTICATE", "parse_authorization",
@@ -94,9 +96,10 @@ def principal_of(scope: dict[str, Any]) -> str | None:
 class AuthMiddleware:
     """Authenticates ``Authorization`` against the process's identity store (``state.identities``)."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], state: Any) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], state: Any, certs: Any = None) -> None:
         self.app = app
         self.state = state
+        self.certs = certs  # http_certs.PeerCerts: HTTPS client certificates as identities, or None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -108,6 +111,14 @@ class AuthMiddleware:
                 header = v
                 break
         if header is None:
+            certs = self.certs
+            name = certs.name_of(scope.get("client")) if certs is not None else None
+            if name is not None:  # no Authorization: the connection's verified client certificate
+                if not known_identity(self.state.identities, name):
+                    log.warning("login failed: protocol=http certificate=%r: no such user", name)
+                    await unauthorized(f"the client certificate's name {name!r} is no user")(scope, receive, send)
+                    return
+                scope[PRINCIPAL_KEY] = name
             await self.app(scope, receive, send)
             return
         identities = self.state.identities

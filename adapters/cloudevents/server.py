@@ -19,6 +19,7 @@ from gateway.door import ServerState, bind_socket
 
 from .embedded_uvicorn import EmbeddedUvicorn
 from .http_app import create_app
+from .http_certs import PeerCerts, protocol_class
 
 __all__ = ["HttpDoor"]
 
@@ -39,8 +40,9 @@ class HttpDoor:
         # HTTPS: uvicorn serves the door's own context (the one SIGHUP reloads, gateway.tls)
         tls = self._state.server_tls(files, "HTTPS door") if files is not None else None
         sock = bind_socket(settings.host, settings.http_port, reuse_port=settings.reuse_port)
+        certs = PeerCerts() if tls is not None and getattr(settings, "http_cert_identity", False) else None
         config = uvicorn.Config(
-            create_app(self._state),
+            create_app(self._state, certs),
             log_level="warning",
             log_config=None,  # keep the process's logging setup (unimq.cli) instead of uvicorn's
             lifespan="on",  # the app's lifespan starts and stops the HTTP door's push deliveries
@@ -50,6 +52,8 @@ class HttpDoor:
         if tls is not None:
             config.load()  # serve() skips a loaded config; its ssl is then the door's context
             config.ssl = tls.context
+            if certs is not None:  # client certificates as identities (http_certs.py)
+                config.http_protocol_class = protocol_class(config.http_protocol_class, certs)
         server = EmbeddedUvicorn(config)
         self._server = server
         self._task = asyncio.create_task(server.serve(sockets=[sock]), name="unimq-http")

@@ -39,6 +39,9 @@ class HttpSettings(DoorSettings):
     # /metrics names at most this many topics (the busiest) in per-topic series; the rest are
     # summed as topic="other" (bounded label cardinality).
     http_metrics_max_topics: int = 100
+    # HTTPS: a request without an Authorization header from a connection whose client certificate
+    # was verified (tls_verify_client optional/required) is that certificate's CN's (a user's).
+    http_cert_identity: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -34,6 +34,7 @@ from typing import Any, Coroutine, Sequence
 
 from core_broker.errors import MessageTooLargeError, StoreFullError, UnimqError
 from core_broker.model import DispatchTarget, Message
+from gateway.access.certs import cert_identity, is_tls, known_identity
 from gateway.access.traffic import QuotaExceededError
 from gateway.api import MessagingAPI
 from gateway.auth import AllOf, Authorizer
@@ -595,7 +596,16 @@ class MQTTBroker:
         # authentication: the identity store (when it has users), then the door's own users
         ids = self.identities
         store_on = ids is not None and ids.has_users
-        if pkt.username is not None:
+        if cfg.use_identity_as_username and is_tls(conn.transport):
+            # Mosquitto's use_identity_as_username: the certificate is the login, its CN the user name
+            cn = cert_identity(conn.transport)
+            if not known_identity(ids, cn):
+                self.processor.metrics.inc("auth_failed", "mqtt")
+                log.warning("login failed: protocol=mqtt from=%s certificate=%r", conn.peer, cn)
+                conn.refuse(C.RC_NOT_AUTHORIZED, "a client certificate naming a user is required")  # 3.1.1: 5
+                return
+            pkt.username, pkt.password = cn, None
+        elif pkt.username is not None:
             if ids is not None:
                 await ids.throttle.wait("mqtt", conn.peer)
             ok = store_on and await ids.authenticate_password(pkt.username, pkt.password or b"") is not None

@@ -48,3 +48,5 @@ class MQTTConfig:
     # Several gateways: how long a CONNECT waits for the gateway holding the session online
     # to hand it over (fleet.py) before taking it as last stored.
     takeover_timeout_s: float = 3.0
+    # Mosquitto's use_identity_as_username, on TLS connections (gateway.access.certs)
+    use_identity_as_username: bool = False

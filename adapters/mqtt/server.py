@@ -181,6 +181,11 @@ class _WsTransport:
     def get_write_buffer_size(self) -> int:
         return self.pending
 
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """The underlying connection's (WSS: its TLS ``ssl_object``, for a client certificate)."""
+        t = getattr(self.ws, "transport", None)
+        return t.get_extra_info(name, default) if t is not None else default
+
     def pause_reading(self) -> None:
         self._paused = True
 

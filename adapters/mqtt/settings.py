@@ -58,6 +58,9 @@ class MqttSettings(DoorSettings):
     # Several gateways sharing sessions: how long a CONNECT waits for the gateway that holds the
     # session online to close it and hand it over, before taking the session as last stored.
     mqtt_takeover_timeout_s: float = 3.0
+    # Mosquitto's use_identity_as_username: on the TLS listeners (MQTT over TLS, WSS) the CN of
+    # the client's verified certificate is its user name; no password; no certificate, no login.
+    mqtt_use_identity_as_username: bool = False
     # MQTT over TLS: both PEM files given -> a TLS listener on mqtt_tls_port (unset: 8883,
     # or a free port when mqtt_port is 0) beside the plain one, sharing its sessions.
     mqtt_tls_cert: str = ""
@@ -122,4 +125,5 @@ class MqttSettings(DoorSettings):
             mem_queue_bytes=self.mqtt_mem_queue_bytes,
             sys_interval_s=self.mqtt_sys_interval_s,
             takeover_timeout_s=self.mqtt_takeover_timeout_s,
+            use_identity_as_username=self.mqtt_use_identity_as_username,
         )
