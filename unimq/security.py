@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from core_broker.errors import ConfigurationError
 from gateway.access.authorizer import StoreAuthorizer, host_is_loopback
 from gateway.access.store import IdentityStore
 from gateway.access.login_throttle import LoginThrottle
+from gateway.access.tokens import JwtSettings, JwtVerifier
 from gateway.access.traffic import TrafficControl
 
 from .node import StartupError
@@ -45,6 +47,15 @@ async def start_identities(settings: UnimqSettings, processor: MessagingProcesso
                                    on_delay=lambda door: processor.metrics.inc("login_throttled", door),
                                    loopback=settings.login_throttle_loopback)
     store.traffic = TrafficControl(settings.quota_refuse_after_s, settings.quota_burst_s)
+    if settings.jwt_issuers:
+        try:
+            store.jwt = JwtVerifier(JwtSettings(
+                tuple(settings.jwt_issuers), tuple(settings.jwt_key_files), settings.jwt_audience,
+                settings.jwt_oidc_discovery, tuple(settings.jwt_algorithms), settings.jwt_user_claim,
+                settings.jwt_roles_claim, settings.jwt_leeway_s))
+        except ConfigurationError as e:
+            raise StartupError(str(e)) from None
+        await store.jwt.start()
     await store.start()
     loopback = host_is_loopback(settings.host)
     if not loopback and not store.has_users and not settings.allow_anonymous:

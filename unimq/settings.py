@@ -153,6 +153,17 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
     # backlog alone would take longer to pay off) is refused with its protocol's quota error.
     quota_refuse_after_s: float = 10.0
     quota_burst_s: float = 1.0  # a publish rate's bucket holds this many seconds' worth
+    # Bearer JWTs on the HTTP door (README "JWTs"): the issuers trusted (their `iss`), their public
+    # keys (PEM files or JWKS documents) and/or OIDC discovery from the issuers' URLs.
+    jwt_issuers: list[str] = field(default_factory=list)
+    jwt_key_files: list[str] = field(default_factory=list)
+    jwt_oidc_discovery: bool = False
+    jwt_audience: str = ""  # a token's aud must name this (empty: not checked)
+    jwt_algorithms: list[str] = field(default_factory=lambda: ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
+                                                                "ES256", "ES384", "ES512", "EdDSA"])
+    jwt_user_claim: str = "sub"
+    jwt_roles_claim: str = ""  # a claim holding roles (a list, or a space-separated string); empty: none
+    jwt_leeway_s: float = 30.0  # clock skew allowed on exp and nbf
     # Create a topic on first send to it (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
     # Queues given to an auto-created topic, and to a declared topic that names none.
@@ -193,6 +204,10 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
                 raise ValueError("a broker in a group needs broker_id and controller_addr (--broker-id, --controller-addr)")
             if self.min_insync_replicas < 1:
                 raise ValueError(f"min_insync_replicas must be at least 1, got {self.min_insync_replicas}")
+        if self.jwt_issuers and not (self.jwt_key_files or self.jwt_oidc_discovery):
+            raise ValueError("jwt_issuers needs their keys: jwt_key_files and/or jwt_oidc_discovery = true")
+        if any(a.startswith("HS") or a == "none" for a in self.jwt_algorithms):
+            raise ValueError("jwt_algorithms: only public-key algorithms (RS*, PS*, ES*, EdDSA) are accepted")
         if not 0 < self.quota_refuse_after_s <= 3600 or not 0 < self.quota_burst_s <= 3600:
             raise ValueError("quota_refuse_after_s and quota_burst_s must be between 0 and 3600 seconds")
         if not 0.05 <= self.auth_refresh_s <= 60:

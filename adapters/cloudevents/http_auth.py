@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Callable
 from fastapi.responses import JSONResponse
 
 from gateway.access.certs import known_identity
+from gateway.access.tokens import TokenError, looks_like_jwt
 from gateway.context import RequestContext
 
 __all__ = ["AuthMiddleware", "Basic", "Bearer", "MalformedCredentials", "WWW_AUTHENTICATE", "parse_authorization",
@@ -84,9 +85,11 @@ def parse_authorization(value: bytes) -> Basic | Bearer:
     return Basic(user, password)
 
 
-def unauthorized(message: str) -> JSONResponse:
+def unauthorized(message: str, invalid_token: bool = False) -> JSONResponse:
+    """401 in the door's problem JSON; for a bad bearer token RFC 6750's ``error="invalid_token"``."""
+    challenge = 'Bearer realm="unimq", error="invalid_token"' if invalid_token else WWW_AUTHENTICATE
     return JSONResponse({"error": "UNAUTHORIZED", "message": message}, status_code=401,
-                        headers={"www-authenticate": WWW_AUTHENTICATE})
+                        headers={"www-authenticate": challenge})
 
 
 def principal_of(scope: dict[str, Any]) -> str | None:
@@ -122,7 +125,7 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         identities = self.state.identities
-        principal, why = None, "no identity store"
+        principal, why, invalid_token = None, "no identity store", False
         client = scope.get("client")
         ip = client[0] if client else ""
         if identities is not None:
@@ -135,10 +138,16 @@ class AuthMiddleware:
                 if isinstance(cred, Basic):
                     user = await identities.authenticate_password(cred.user, cred.password)
                     why = "bad user name or password"
+                    principal = user.name if user is not None else None
+                elif identities.jwt is not None and looks_like_jwt(cred.token):
+                    try:  # a JWT of a configured issuer (gateway.access.tokens)
+                        principal = await identities.authenticate_token(cred.token)
+                    except TokenError as e:
+                        why, invalid_token = f"invalid bearer token: {e}", True
                 else:
                     user = identities.authenticate_key(cred.token)
                     why = "unknown or revoked API key"
-                principal = user.name if user is not None else None
+                    principal = user.name if user is not None else None
         if principal is None:
             if identities is not None:
                 identities.throttle.failed("http", ip)
@@ -147,7 +156,7 @@ class AuthMiddleware:
             if processor is not None:
                 processor.metrics.inc("auth_failed", "http")
             log.warning("login failed: protocol=http from=%s reason=%r", peer, why)
-            await unauthorized(why)(scope, receive, send)
+            await unauthorized(why, invalid_token)(scope, receive, send)
             return
         identities.throttle.succeeded("http", ip)
         scope[PRINCIPAL_KEY] = principal

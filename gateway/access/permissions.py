@@ -60,8 +60,10 @@ def topic_pattern_matches(pattern: str, name: str, action: str, *, mqtt: bool) -
 class Rules:
     """The permissions of one snapshot, compiled per principal on first use (cached)."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, token_roles: dict[str, tuple[str, ...]] | None = None) -> None:
         self.snapshot = snapshot
+        # roles a user's latest JWT carried (gateway.access.tokens), on top of its own in the store
+        self.token_roles = token_roles if token_roles is not None else {}
         by_subject: dict[str, list[Permission]] = {}
         for p in snapshot.permissions.values():
             by_subject.setdefault(p.subject, []).append(p)
@@ -72,7 +74,11 @@ class Rules:
         if principal is None:
             return [ANONYMOUS]
         user = self.snapshot.users.get(principal)
-        return [principal] + [f"role:{r}" for r in user.roles] if user is not None else [principal]
+        roles = list(user.roles) if user is not None else []
+        extra = self.token_roles.get(principal)
+        if extra:
+            roles += [r for r in extra if r not in roles]
+        return [principal] + [f"role:{r}" for r in roles]
 
     def _of(self, principal: str | None) -> tuple[bool, list[_Compiled]]:
         got = self._compiled.get(principal)

@@ -44,6 +44,7 @@ from .passwords import hash_password, needs_rehash, verify_password
 from .permissions import Rules
 from .login_throttle import LoginThrottle
 from .limits import Limits, parse_subject
+from .tokens import JwtVerifier, TokenError
 from .traffic import TrafficControl
 
 if TYPE_CHECKING:
@@ -77,7 +78,9 @@ class IdentityStore:
         self.processor = processor
         self.refresh_s = refresh_s
         self.snapshot = Snapshot()
-        self.rules = Rules(self.snapshot)
+        self.token_roles: dict[str, tuple[str, ...]] = {}  # user -> roles its latest JWT carried
+        self.rules = Rules(self.snapshot, self.token_roles)
+        self.jwt: JwtVerifier | None = None  # bearer JWTs of configured issuers (gateway.access.tokens)
         self._keys: dict[str, tuple[str, ApiKey]] = {}  # key id -> (user, key)
         self._access: dict[str, tuple[str, str]] = {}  # RocketMQ access key -> (user, secret)
         self._rev: bytes | None = None
@@ -131,7 +134,7 @@ class IdentityStore:
 
     def _install(self, snap: Snapshot) -> None:
         self.snapshot = snap
-        self.rules = Rules(snap)
+        self.rules = Rules(snap, self.token_roles)
         self._keys = {k.key_id: (u.name, k) for u in snap.users.values() for k in u.api_keys}
         self._access = {k.access_key: (u.name, k.secret_key) for u in snap.users.values() for k in u.access_keys}
         self.traffic.install(snap.limits)
@@ -185,6 +188,22 @@ class IdentityStore:
         if found is None or not found[1].matches(parts[1]):
             return None
         return self.snapshot.users.get(found[0])
+
+    async def authenticate_token(self, token: str) -> str:
+        """The user a bearer JWT of a configured issuer names (its roles noted); TokenError otherwise."""
+        if self.jwt is None:
+            raise TokenError("no JWT issuer is configured")
+        user, roles = await self.jwt.verify(token)
+        roles = tuple(r for r in roles if _is_name(r))
+        if self.token_roles.get(user, ()) != roles:
+            if len(self.token_roles) >= _VERIFIED_MAX:
+                self.token_roles.clear()
+            if roles:
+                self.token_roles[user] = roles
+            else:
+                self.token_roles.pop(user, None)
+            self.rules = Rules(self.snapshot, self.token_roles)  # a new object: cached decisions are dropped
+        return user
 
     def access_key(self, access_key: str) -> tuple[str, str] | None:
         """(user, secret) of a RocketMQ access key (the gRPC door checks the signature with the secret)."""
@@ -322,6 +341,14 @@ class IdentityStore:
             return False
         await self._put([(f"limit:{key[0]}:{key[1]}", None)])
         return True
+
+
+def _is_name(role: str) -> bool:
+    try:
+        validate_name("role", role)
+    except InvalidArgumentError:
+        return False
+    return True
 
 
 _dummy: list[str] = []
