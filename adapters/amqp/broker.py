@@ -174,6 +174,7 @@ class AmqpBroker:
         self.access_enforced = self.identities.has_users
         for c in self.connections:
             c.access_cache.clear()
+            c.may_publish.clear()
 
     async def stop(self) -> None:
         self.stopping = True

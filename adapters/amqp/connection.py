@@ -89,6 +89,7 @@ class AmqpConnection(asyncio.Protocol):
         self.ctx = RequestContext(protocol="amqp")
         self.send_ctx = self.ctx
         self.access_cache: dict[tuple[Action, str, str], bool] = {}  # access() answers until users change
+        self.may_publish: set[str] = set()  # exchanges access() allowed writing to (the publish hot path)
         self.client_caps: dict[str, Any] = {}
         self.client_properties: dict[str, Any] = {}
         self.writable = True

@@ -86,8 +86,11 @@ class Publisher:
         if ex.internal:
             raise AmqpError(codec.ACCESS_REFUSED, f"cannot publish to internal exchange '{exname}' in vhost "
                             f"'{vh.name}'", 60, 40)
-        if conn.broker.access_enforced:
+        if conn.broker.access_enforced and exname not in conn.may_publish:
+            # RabbitMQ's write permission on the exchange, asked once per connection and exchange
+            # until users or permissions change (the broker empties may_publish then)
             conn.access(_WRITE, "exchange", exname or "amq.default", m)
+            conn.may_publish.add(exname)
         if m.immediate:
             raise AmqpError(codec.NOT_IMPLEMENTED, "immediate=true", 60, 40, hard=True)
         body = ev.body
