@@ -1,4 +1,4 @@
-"""Issue 19: bearer JWTs on the HTTP door, verified against configured issuers' keys (PyJWT).
+"""Issue 19: bearer JWTs on the HTTP door (and as MQTT passwords), verified against configured issuers' keys.
 
 Keys are made here (``cryptography``): an RSA key given as a PEM public key file,
 an EC key in a JWKS file (with a ``kid``), and a second EC key served by an OIDC
@@ -8,6 +8,8 @@ Tokens are signed with PyJWT and sent with httpx. A valid token logs in as its
 one not yet valid, one for another audience or issuer, one signed by a stranger's
 key, and the algorithm confusions (``alg: none``, HS256 with the public key) get
 401 with the door's problem JSON and ``WWW-Authenticate: Bearer error="invalid_token"``.
+On the MQTT door (paho) a token is a password, as EMQX takes it: its ``sub`` must be
+the CONNECT's user name; a bad one is CONNACK 0x86.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def setup(unimq_server, tmp_path: Path):
                  {"subject": "alice", "resource": "topic", "pattern": "alice", "actions": ["publish", "create"]},
                  {"subject": "role:writers", "resource": "topic", "pattern": "shared", "actions": ["publish", "create"]}):
         assert admin.post("/v1/admin/acl", json=body).status_code == 201
-    keys = {"rsa": rsa_key, "ec": ec_key, "oidc": oidc_key, "oidc_iss": oidc_iss}
+    keys = {"rsa": rsa_key, "ec": ec_key, "oidc": oidc_key, "oidc_iss": oidc_iss, "mqtt": server.ports["mqtt"]}
     yield base, keys
     admin.close()
     idp.shutdown()
@@ -146,3 +148,25 @@ def test_bad_tokens_get_401_problem_json(setup) -> None:
         assert 'error="invalid_token"' in r.headers["www-authenticate"], what
     # an API key still works beside JWTs
     assert httpx.get(f"{base}/healthz").status_code == 200
+
+
+def test_a_jwt_as_the_mqtt_password(setup) -> None:
+    from mqtt_fixtures import RawClient
+
+    from adapters.mqtt import packets as C
+
+    _, k = setup
+    now = int(time.time())
+    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    for user, token, want in (("alice", _token(k["rsa"]), 0),
+                              ("mallory", _token(k["rsa"]), C.RC_BAD_USERNAME_OR_PASSWORD),  # not its subject
+                              ("alice", _token(k["rsa"], exp=now - 3600), C.RC_BAD_USERNAME_OR_PASSWORD),
+                              ("alice", _token(stranger), C.RC_BAD_USERNAME_OR_PASSWORD)):
+        c = RawClient(k["mqtt"], C.MQTT_5)
+        assert c.connect(f"jwt-{user}", username=user, password=token.encode()).reason_code == want, (user, want)
+        if want == 0:
+            c.send(C.Publish("alice/temp", b"1", 1, packet_id=1))
+            assert c.recv_type(C.PubAck).reason_code in (0, 0x10)
+            c.send(C.Publish("shared", b"1", 1, packet_id=2))
+            assert c.recv_type(C.PubAck).reason_code == C.RC_NOT_AUTHORIZED  # alice's rights only
+        c.close()

@@ -35,6 +35,7 @@ from typing import Any, Coroutine, Sequence
 from core_broker.errors import MessageTooLargeError, StoreFullError, UnimqError
 from core_broker.model import DispatchTarget, Message
 from gateway.access.certs import cert_identity, is_tls, known_identity
+from gateway.access.tokens import TokenError
 from gateway.access.traffic import QuotaExceededError
 from gateway.api import MessagingAPI
 from gateway.auth import AllOf, Authorizer
@@ -608,7 +609,9 @@ class MQTTBroker:
         elif pkt.username is not None:
             if ids is not None:
                 await ids.throttle.wait("mqtt", conn.peer)
-            ok = store_on and await ids.authenticate_password(pkt.username, pkt.password or b"") is not None
+            ok = await self._token_login(pkt.username, pkt.password) if ids is not None and ids.jwt else False
+            if not ok:
+                ok = store_on and await ids.authenticate_password(pkt.username, pkt.password or b"") is not None
             if not ok and self.credentials.configured:
                 ok = self.credentials.check(pkt.username, pkt.password)
             if not ok and (store_on or self.credentials.configured or not cfg.allow_anonymous):
@@ -716,6 +719,17 @@ class MQTTBroker:
             conn.send_publish(f.msg, f.qos, False, True, pid, f.sub_ids)
         self.delivery.resume(s)
         self.shared.wake_session(s, reconnected=True)
+
+    async def _token_login(self, username: str, password: bytes | None) -> bool:
+        """A JWT of a configured issuer as the password (as EMQX's JWT authentication): valid, and its
+        subject is the CONNECT's user name (``gateway.access.tokens``)."""
+        if not password or password.count(b".") != 2:
+            return False
+        try:
+            return await self.identities.authenticate_token(password.decode("ascii")) == username
+        except (TokenError, UnicodeDecodeError) as e:
+            log.info("mqtt: a password that looks like a JWT for %r was refused: %s", username, e)
+            return False
 
     def detach(self, conn: Connection) -> None:
         """The connection is gone (closed by either side): will, session end or expiry."""
