@@ -597,7 +597,9 @@ class AmqpConnection(asyncio.Protocol):
             await asyncio.sleep(interval / 2)
             if self.state is CLOSED:
                 return
-            if time.monotonic() - self._last_recv > interval * 2:
+            if self._held_until:  # over its publish rate: its socket is not being read, not silent
+                self._last_recv = time.monotonic()
+            elif time.monotonic() - self._last_recv > interval * 2:
                 log.info("AMQP connection %s missed heartbeats; closing", self.peer)
                 if self.transport is not None:
                     self.transport.abort()

@@ -320,12 +320,12 @@ class Connection:
             return
         limit = self.keepalive * 1.5
         idle = time.monotonic() - self.last_rx
-        if idle >= limit:
+        if idle >= limit and not self._held:  # (held over its rate: its socket is not being read)
             log.info("mqtt: %s silent for %.1fs (keepalive %ds): disconnecting", self.peer, idle, self.keepalive)
             self.close(C.RC_KEEP_ALIVE_TIMEOUT, "keep alive timeout")
             self.lost()
             return
-        self._timer = self.loop.call_later(limit - idle, self._keepalive_check)
+        self._timer = self.loop.call_later(limit - idle if idle < limit else limit, self._keepalive_check)
 
     def attach(self, s: Session, pkt: C.Connect) -> None:
         """The CONNECT is accepted: ``s`` is this connection's session (CONNACK 0 follows)."""
@@ -602,6 +602,7 @@ class Connection:
                 await asyncio.sleep(wait)
             finally:
                 self._held = False
+                self.last_rx = time.monotonic()  # its silence meanwhile was ours
                 if not self._paused and not self.closed:
                     self.transport.resume_reading()
         if kept == len(items):
