@@ -16,6 +16,8 @@ RETRY_PREFIX = "%RETRY%"
 # and fill by multi-dispatch (RocketMQ's LMQ idea).
 LMQ_PREFIX = "%LMQ%"
 DLQ_PREFIX = "%DLQ%"
+# Message traces (gateway/trace.py): one event per message, keyed by the traced message's id.
+TRACE_TOPIC = "%SYS_TRACE%"
 
 P_REAL_TOPIC = "__rt"  # where a timer/half message really goes
 P_REAL_QUEUE = "__rq"

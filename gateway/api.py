@@ -63,6 +63,10 @@ class ProcessorConfig:
     # Per door (RequestContext.protocol): a larger (or smaller) limit than max_message_size, e.g.
     # AMQP's 128 MiB (RabbitMQ's default) for apps migrating with large messages.
     door_message_limits: dict[str, int] = field(default_factory=dict)
+    # Message traces (gateway/trace.py): the sample rate of topics without trace attributes
+    # (0: only topics that ask are traced) and how often buffered trace events are written.
+    trace_sample_rate: float = 0.0
+    trace_flush_ms: int = 100
 
 
 class SendResult(NamedTuple):
@@ -281,6 +285,11 @@ class ProcessorCalls(Protocol):
 
     async def cluster(self, ctx: RequestContext) -> ClusterView:
         """The nameservers and brokers this processor reaches (admin)."""
+        ...
+
+    async def message_trace(self, ctx: RequestContext, message_id: str) -> list[dict]:
+        """A traced message's events (stored, delivered, acked, ...) sorted by time
+        (gateway/trace.py); SUBSCRIBE on its topic."""
         ...
 
 

@@ -47,6 +47,8 @@ from .door_watch import DoorWatchCalls
 from .metrics import Metrics
 from .namespace import namespaced_calls
 from .processor_admin import AdminCalls
+from .processor_trace import TraceCalls
+from .trace import Tracer, check_trace_attributes
 from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, PLAIN_KEYS_MAX as _PLAIN_KEYS_MAX, TopicPlan, message_type_of, select_queue
 
 __all__ = [
@@ -61,7 +63,7 @@ _PUB, _SUB, _TOPIC, _GROUP = Action.PUBLISH, Action.SUBSCRIBE, Resource.TOPIC, R
 
 
 @namespaced_calls
-class MessagingProcessor(AdminCalls, DoorWatchCalls):
+class MessagingProcessor(AdminCalls, DoorWatchCalls, TraceCalls):
     """The processor API (gateway/api.py :class:`MessagingAPI`) over a broker client.
 
     Namespaces are applied to every call of the API by the class decorator
@@ -84,11 +86,16 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls):
         self._checkers: list[TransactionChecker] = []
         self._routers: list[Router] = []
         self.set_authorizer(authorizer or AllowAll())
+        # message traces: every hook reads tracer.on first (false: tracing costs that read)
+        self.tracer = Tracer(broker, self.config.trace_sample_rate, self.config.trace_flush_ms)
 
     async def start(self) -> None:
         await self.broker.start()
+        await self.tracer.refresh()
+        self.tracer.start()
 
     async def stop(self) -> None:
+        await self.tracer.stop()
         await self.broker.stop()
 
     # ------------------------------------------------------------------ authorization
@@ -295,6 +302,8 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls):
             for i, (m, b) in enumerate(zip(messages, brokers)):
                 by_broker.setdefault(b, []).append((i, m))
             results = await self._send_grouped(by_broker, plans, transactional, producer_group, n, failed)
+        if self.tracer.on:
+            self.tracer.stored(ctx, messages, results)
         metrics = self.metrics
         metrics.inc("messages_in", protocol, n)
         metrics.inc("bytes_in", protocol, nbytes)
@@ -508,12 +517,16 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls):
                         break
         if out:
             self.metrics.count_out(ctx.protocol, topic, len(out), sum(len(pm.message.body) for pm in out))
+            if self.tracer.on:
+                self.tracer.popped(ctx, group, out)
         return out
 
     async def ack(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
         self._consume_check(ctx, group, topic)
         await self.broker.ack(self._broker_of_handle(receipt_handle), group, receipt_handle)
         self.metrics.inc("acks", ctx.protocol)
+        if self.tracer.on:
+            self.tracer.settled(ctx, group, receipt_handle, "acked")
 
     async def ack_batch(
         self, ctx: RequestContext, group: str, topic: str, receipt_handles: Sequence[str]
@@ -553,6 +566,10 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls):
         else:  # one call per broker, all at once
             await asyncio.gather(*(settle(b, idx) for b, idx in by_broker.items()))
         self.metrics.inc("acks", ctx.protocol, out.count(None))
+        if self.tracer.on:
+            for h, r in zip(receipt_handles, out):
+                if r is None:
+                    self.tracer.settled(ctx, group, h, "acked")
         return out
 
     async def change_invisible(
@@ -560,15 +577,21 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls):
     ) -> tuple[str, int]:
         """Re-hide (or, with 0, release at once) a popped message; returns the new handle."""
         self._consume_check(ctx, group, topic)
-        return await self.broker.change_invisible(
+        out = await self.broker.change_invisible(
             self._broker_of_handle(receipt_handle), group, receipt_handle, invisible_ms
         )
+        if self.tracer.on:  # 0: released for another delivery (a nack); else the same one, renewed
+            self.tracer.settled(ctx, group, receipt_handle, "retried" if invisible_ms == 0 else "",
+                                new_handle=None if invisible_ms == 0 else out[0])
+        return out
 
     async def forward_to_dlq(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
         self._consume_check(ctx, group, topic)
         await self.broker.forward_to_dlq(self._broker_of_handle(receipt_handle), group, receipt_handle)
         self.broker.invalidate(dlq_topic(group))  # separated: the DLQ may be new, or new on that broker
         self.metrics.inc("dead_lettered", ctx.protocol)
+        if self.tracer.on:
+            self.tracer.settled(ctx, group, receipt_handle, "dead_lettered", dlq=dlq_topic(group))
 
     # ------------------------------------------------------------------ pull consumption
 
@@ -599,6 +622,8 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls):
         r = await self.broker.pull(b, topic, queue_id, offset, max_count, filter_expression, wait_ms)
         if r.messages:
             self.metrics.count_out(ctx.protocol, topic, len(r.messages), sum(len(m.body) for m in r.messages))
+            if self.tracer.on and not is_lmq(topic):  # a door's LMQ read-back is traced as its delivery
+                self.tracer.pulled(ctx, r.messages)
         return r
 
     async def read_table(
@@ -701,9 +726,15 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls):
                 f"unknown topic type {message_type!r}: one of NORMAL, FIFO, DELAY, TRANSACTION, COMPACTED"
             ) from None
         attrs = validate_attributes(attributes or {})
+        bad = check_trace_attributes(attrs)
+        if bad:
+            raise BadRequestError(bad)
         tc = TopicConfig(name, queues=self.config.default_queue_count if queues is None else queues, message_type=mtype,
                          attributes=attrs)
-        return await self.broker.create_topic(tc, exist_ok=exist_ok)
+        created = await self.broker.create_topic(tc, exist_ok=exist_ok)
+        if created.attributes:
+            self.tracer.set_topic(created)
+        return created
 
     async def host_lmq(self, ctx: RequestContext, name: str, broker: str) -> None:
         """Make an LMQ known on ``broker`` so its part of the LMQ can be pulled there.
@@ -734,13 +765,19 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls):
         )
         if updated.queues < tc.queues:
             raise BadRequestError("queues can be added to a topic, not removed")
-        return await self.broker.update_topic(updated)
+        bad = check_trace_attributes(updated.attributes)
+        if bad:
+            raise BadRequestError(bad)
+        done = await self.broker.update_topic(updated)
+        self.tracer.set_topic(updated)
+        return done
 
     async def delete_topic(self, ctx: RequestContext, name: str) -> None:
         self._check(ctx, Action.DELETE, _TOPIC, name)
         if is_system_topic(name) and not name.startswith(("%DLQ%", "%RETRY%", "%LMQ%")):
             raise BadRequestError("system topics cannot be deleted")
         await self.broker.delete_topic(name)
+        self.tracer.forget_topic(name)
 
     async def list_topics(self, ctx: RequestContext, include_system: bool = False) -> list[TopicConfig]:
         """The topics the caller may publish to or consume from."""

@@ -169,6 +169,11 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
     # Queues given to an auto-created topic, and to a declared topic that names none.
     default_queue_count: int = 8
     topics: list[TopicDecl] = field(default_factory=list)
+    # Message traces (README "Message traces"): the share of messages traced on topics without
+    # trace attributes (0: only topics with trace_enabled / trace_sample_rate), and how often
+    # buffered trace events are written to the trace topic.
+    trace_sample_rate: float = 0.0
+    trace_flush_ms: int = 100
     log_level: str = "info"
     # The internal RPC (gateways, brokers, nameservers, replication, the controller's client
     # port; README "Securing the cluster"): a secret every node proves at connection start
@@ -216,6 +221,10 @@ class UnimqSettings(HttpSettings, GrpcSettings, MqttSettings, AmqpSettings):
                 not 0 <= self.login_throttle_max_delay_s <= 60:
             raise ValueError("login_throttle_failures must be >= 0, login_throttle_window_s > 0 and "
                              "login_throttle_max_delay_s between 0 and 60 seconds")
+        if not 0.0 <= float(self.trace_sample_rate) <= 1.0:
+            raise ValueError(f"trace_sample_rate must be from 0 to 1, got {self.trace_sample_rate!r}")
+        if not 1 <= int(self.trace_flush_ms) <= 60_000:
+            raise ValueError(f"trace_flush_ms must be from 1 to 60000, got {self.trace_flush_ms!r}")
         level = str(self.log_level).lower()
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")

@@ -36,12 +36,14 @@ from core_broker.errors import TopicNotFoundError, UnimqError
 from core_broker.model import DispatchTarget, Message
 from gateway.api import MessagingAPI, SendResult
 from gateway.context import RequestContext
+from gateway.trace import tracer_of
 
 from .durable import KV_NS, SEP, args_decode, args_key, binding_key, exchange_key
 from .lease import Lease
 from .mapping import headers_of, route_of, set_route, with_headers
 from .queue_state import QueueState
 from .routing import Binding, Exchange
+from .tracing import settled as trace_settled
 from .vhost import VHost
 
 if TYPE_CHECKING:
@@ -70,6 +72,7 @@ class AmqpBroker:
     def __init__(self, processor: MessagingAPI, settings: Any, identities: Any = None) -> None:
         self.processor = processor
         self.settings = settings
+        self.tracer = tracer_of(processor)  # message traces (adapters/amqp/tracing.py)
         # The process's identity store (gateway.access.store.IdentityStore): with users in it,
         # logins are checked against it first and opening a vhost needs a permission in it.
         self.identities = identities
@@ -488,6 +491,8 @@ class AmqpBroker:
                         t.on_enqueued(msg, offsets.get(t.topic), res[0].broker)
                     for t in targets:
                         await t.enforce_max_length()
+                    if self.tracer.on:
+                        trace_settled(self.tracer, self.ctx, lease, "dead_lettered", reason=reason, dlx=q.dlx)
         except UnimqError:
             log.exception("dead-lettering a message of queue %r failed; it stays in the queue", q.name)
             self.release(lease)

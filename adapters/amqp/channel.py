@@ -18,6 +18,7 @@ from .errors import AmqpError
 from .lease import Lease
 from .mapping import encoded_delivery
 from .queue_state import QueueState
+from .tracing import delivered, settled
 
 if TYPE_CHECKING:
     from .connection import AmqpConnection
@@ -62,6 +63,8 @@ class Channel:
         lane = lease.lane
         if lease.offset >= lane.hw:
             lane.hw = lease.offset + 1
+        if conn.broker.tracer.on:
+            delivered(conn.broker.tracer, conn.ctx, lease, "consume", consumer.no_ack)
         if consumer.no_ack:
             q.count -= 1
             conn.broker.ack_lease(lease)
@@ -121,11 +124,14 @@ class Channel:
             return
         woken: set[QueueState] = set()
         broker = self.conn.broker
+        tracer = broker.tracer
         for lease in self._take(tag, multiple, (60, 80)):
             q = self._settled(lease)
             q.count -= 1
             broker.ack_lease(lease)
             woken.add(q)
+            if tracer.on:
+                settled(tracer, self.conn.ctx, lease, "acked")
         for q in woken:
             q.wake()
 
@@ -145,8 +151,11 @@ class Channel:
 
     async def _reject(self, leases: list[Lease], requeue: bool) -> None:
         broker = self.conn.broker
+        tracer = broker.tracer
         for lease in leases:
             q = self._settled(lease)
+            if tracer.on:
+                settled(tracer, self.conn.ctx, lease, "retried" if requeue else "nacked", requeue=requeue)
             if requeue:
                 broker.release(lease)
             else:
@@ -161,6 +170,8 @@ class Channel:
         self.unacked.clear()
         for lease in leases:
             self._settled(lease)
+            if broker.tracer.on:
+                settled(broker.tracer, self.conn.ctx, lease, "retried", requeue=True, reason="channel closed")
             broker.release(lease)
         for c in self.consumers.values():
             c.unacked = 0

@@ -25,6 +25,7 @@ from .errors import AmqpError, method_ids
 from .mapping import encoded_delivery
 from .publisher import MAX_BATCH
 from .routing import EXCHANGE_TYPES, Binding, Exchange
+from .tracing import delivered as trace_delivered
 
 if TYPE_CHECKING:
     from .connection import AmqpConnection
@@ -300,6 +301,8 @@ async def _basic_get(conn: AmqpConnection, ch: Channel, m: Any) -> None:
     lane = lease.lane
     if lease.offset >= lane.hw:
         lane.hw = lease.offset + 1
+    if conn.broker.tracer.on:
+        trace_delivered(conn.broker.tracer, conn.ctx, lease, "get", m.no_ack)
     if m.no_ack:
         q.count -= 1
         conn.broker.ack_lease(lease)

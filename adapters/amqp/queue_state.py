@@ -61,6 +61,7 @@ from .durable import args_key, cursor_key, queue_key
 from .errors import AmqpError
 from .lease import Lease
 from .mapping import lmq_topic
+from .tracing import settled as trace_settled
 from .priority_buffer import PriorityBuffer, merge_back, offset_of
 
 if TYPE_CHECKING:
@@ -468,6 +469,8 @@ class QueueState:
 
     async def _expired(self, lease: Lease) -> None:
         self.count -= 1
+        if self.broker.tracer.on:
+            trace_settled(self.broker.tracer, self.broker.ctx, lease, "expired")
         await self.broker.dead_letter(self, lease, "expired")
 
     def on_enqueued(self, msg: Message, offset: int | None, broker: str, tmpl: Any = None) -> None:

@@ -77,6 +77,8 @@ def add_parser(sub: Any) -> None:
     sh = macts.add_parser("show", parents=[shared], help="one message by id: properties and body")
     sh.add_argument("message_id")
     sh.add_argument("--as", dest="show_as", choices=["text", "json", "hex"], default="text")
+    tr = macts.add_parser("trace", parents=[shared], help="a traced message's life across doors, in time order")
+    tr.add_argument("message_id")
     acts.add_parser("brokers", parents=[shared], help="nameservers, brokers and replicated groups")
 
 
@@ -120,6 +122,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
+def trace_table(body: dict[str, Any]) -> str:
+    """A message's trace events, one a line: when, what, over which door, who, where."""
+    rows = []
+    for e in body["events"]:
+        at = datetime.fromtimestamp(e["at"] / 1000, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        who = e.get("client") or ""
+        where = e.get("group") or e.get("broker") or ""
+        extra = {k: v for k, v in e.items()
+                 if k not in ("id", "topic", "event", "door", "at", "client", "group", "broker", "address")}
+        rows.append([at, e["event"], e["door"], who, where, " ".join(f"{k}={v}" for k, v in extra.items())])
+    return table(["TIME", "EVENT", "DOOR", "CLIENT", "GROUP/BROKER", "DETAIL"], rows)
+
+
 def _request(args: argparse.Namespace) -> tuple[str, str, Any]:
     """(method, path, body) of the action."""
     cmd = args.admin_command
@@ -151,6 +166,8 @@ def _request(args: argparse.Namespace) -> tuple[str, str, Any]:
     if cmd == "messages":
         if args.messages_command == "show":
             return "GET", "/messages" + _q(id=args.message_id), None
+        if args.messages_command == "trace":
+            return "GET", f"/messages/{_seg(args.message_id)}/trace", None
         if not args.id and not args.topic:
             raise SystemExit(_usage("give --id, or --topic with --key or --begin/--end"))
         return "GET", "/messages" + _q(id=args.id, topic=args.topic, key=args.key, begin_ms=_ms(args.begin, "--begin"),
@@ -209,6 +226,8 @@ def _print(args: argparse.Namespace, body: Any) -> int:
         print("body:" if shown is not None else f"body: (not {args.show_as})")
         if shown is not None:
             print(shown)
+    elif cmd == "messages" and args.messages_command == "trace":
+        print(trace_table(body))
     elif cmd == "messages":
         print(table(["message_id", "topic", "queue", "offset", "door", "keys", "stored", "bytes"],
                     [[m["message_id"], m["topic"], m["queue_id"], m["queue_offset"], m["protocol"], ",".join(m["keys"]),

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI
 
-from . import http_admin, http_console, http_ingest, http_ops, http_pop, http_push, http_read, http_table, http_topics
+from . import (http_admin, http_console, http_ingest, http_ops, http_pop, http_push, http_read, http_table, http_topics,
+               http_trace)
 from .http_auth import AuthMiddleware
 from .http_certs import PeerCerts
 from .http_errors import STATUS_OF_CODE, install_error_handlers
@@ -97,6 +98,7 @@ def create_app(state: ServerState[Any], certs: PeerCerts | None = None) -> FastA
         http_table.router(deps),
         http_topics.named_router(deps),
         http_push.router(deps, push),
+        http_trace.router(deps),
     ):
         app.include_router(router)
     # The ingest hot path as a plain Starlette route placed before FastAPI's: same handler, same
@@ -106,6 +108,7 @@ def create_app(state: ServerState[Any], certs: PeerCerts | None = None) -> FastA
     app.router.routes.insert(0, events_fast_path)
     admin = http_admin.admin_app(deps)
     admin.include_router(http_console.router(deps))  # the console's views and actions, beside users and ACLs
+    admin.include_router(http_trace.router(deps, prefix=""))  # a message's trace, for the console and the CLI
     app.mount("/v1/admin", admin)
     # Basic / Bearer logins, checked against the process's identity store before any route runs.
     app.add_middleware(AuthMiddleware, state=state, certs=certs)

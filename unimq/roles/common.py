@@ -90,4 +90,6 @@ def processor_config(settings: UnimqSettings) -> ProcessorConfig:
         default_queue_count=settings.default_queue_count,
         max_message_size=min(store_max, DEFAULT_DOOR_MESSAGE_SIZE),
         door_message_limits={"amqp": min(store_max, settings.amqp_max_message_size)},
+        trace_sample_rate=float(settings.trace_sample_rate),
+        trace_flush_ms=int(settings.trace_flush_ms),
     )

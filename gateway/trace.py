@@ -1,0 +1,346 @@
+"""Message traces: each traced message's life (stored, delivered, acked, retried, dead-lettered,
+expired) recorded as events in the system trace topic, across every door.
+
+Why here: the processor sees every door's sends, pops, pulls and acks, and the doors that
+deliver from memory (AMQP queues, MQTT subscriptions, HTTP push) hold the processor; the
+tracer lives beside it (``processor.tracer``) so both can record into one buffer.
+
+Cost is the design constraint. Tracing is opt-in per topic (topic attributes
+``trace_enabled`` / ``trace_sample_rate``) with a process-wide default rate
+(``trace_sample_rate``, 0 = off). Every hook first reads :attr:`Tracer.on` (a plain bool,
+false while no topic is traced): that is all tracing costs when it is off. When on, an event
+is a tuple appended to a bounded in-memory buffer; a background task writes the buffer to
+the trace topic every ``flush_ms`` (or once ``batch`` events wait) in one broker call, so no
+message waits for its trace. A full buffer drops new events (counted in
+``unimq_trace_dropped_total``) rather than slowing messages down.
+
+Sampling is decided from the message id (a hash below ``rate``), so every gateway and door
+makes the same choice for one message without carrying a mark on it.
+
+Each event is one message in the trace topic, keyed by the traced message's id, so a
+message's timeline is a query by key (:func:`read_trace`) on whichever broker holds it.
+Hand-written: the events are our own model (no tracing library knows doors and receipts),
+and OpenTelemetry's exporters would put the cost on the hot path this avoids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Iterable, Sequence
+
+from crc32c import crc32c
+
+from core_broker.model import Message, StoredMessage
+from core_broker.system_topics import P_ORIGIN_TOPIC, TRACE_TOPIC
+from core_broker.topic_config import TopicConfig
+
+from .broker_client import BrokerClient
+
+__all__ = [
+    "EVENTS", "TRACE_TOPIC", "Tracer", "parse_events", "sort_timeline", "topic_trace_rate", "tracer_of",
+]
+
+log = logging.getLogger("unimq.trace")
+
+#: event names, in the order they happen to one message (equal times sort so)
+EVENTS = ("stored", "delivered", "retried", "nacked", "acked", "expired", "dead_lettered")
+_RANK = {e: i for i, e in enumerate(EVENTS)}
+
+#: the topic attributes a trace reads
+ATTR_ENABLED = "trace_enabled"
+ATTR_RATE = "trace_sample_rate"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def topic_trace_rate(attributes: dict[str, str]) -> float | None:
+    """The sample rate a topic's attributes ask for; None: they say nothing (the default applies).
+
+    ``trace_enabled = false`` turns a topic off whatever the rate; ``true`` traces at
+    ``trace_sample_rate`` (1.0 when absent); a rate alone is that rate.
+    """
+    enabled = attributes.get(ATTR_ENABLED)
+    rate = attributes.get(ATTR_RATE)
+    if enabled is None and rate is None:
+        return None
+    if enabled is not None and enabled.strip().lower() in _FALSE:
+        return 0.0
+    try:
+        return min(1.0, max(0.0, float(rate))) if rate is not None else 1.0
+    except ValueError:
+        return None
+
+
+def check_trace_attributes(attributes: dict[str, str]) -> str | None:
+    """Why the trace attributes are wrong (None: they are right or absent)."""
+    enabled = attributes.get(ATTR_ENABLED)
+    if enabled is not None and enabled.strip().lower() not in _TRUE + _FALSE:
+        return f"{ATTR_ENABLED} must be true or false, not {enabled!r}"
+    rate = attributes.get(ATTR_RATE)
+    if rate is not None:
+        try:
+            ok = 0.0 <= float(rate) <= 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            return f"{ATTR_RATE} must be a number from 0 to 1, not {rate!r}"
+    return None
+
+
+def origin_topic(m: Message) -> str:
+    """The topic a message was sent to (a retry or dead-letter copy names it in a property)."""
+    props = m.properties
+    return props.get(P_ORIGIN_TOPIC, m.topic) if props else m.topic
+
+
+class Tracer:
+    """The per-process trace recorder: rates per topic, the event buffer and its writer."""
+
+    def __init__(self, broker: BrokerClient, default_rate: float = 0.0, flush_ms: int = 100,
+                 batch: int = 512, capacity: int = 20_000, refresh_s: float = 5.0) -> None:
+        self.broker = broker
+        self.default = min(1.0, max(0.0, float(default_rate)))
+        self.flush_s = max(flush_ms, 1) / 1000.0
+        self.batch = max(1, batch)
+        self.capacity = max(self.batch, capacity)
+        self.refresh_s = refresh_s
+        self.rates: dict[str, float] = {}  # topics whose attributes name a rate
+        self.on = self.default > 0.0
+        self.recorded = 0
+        self.written = 0
+        self.dropped = 0
+        self._buf: list[tuple] = []
+        self._handles: dict[str, tuple[str, str]] = {}  # receipt handle -> (message id, topic)
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._refreshed = 0.0
+        self._stopping = False
+
+    # -- which messages are traced ------------------------------------------------------
+
+    def set_topic(self, tc: TopicConfig) -> None:
+        """A topic was created or changed through this process: its rate applies at once."""
+        self._set_rate(tc.name, topic_trace_rate(tc.attributes or {}))
+        self._recompute()
+
+    def forget_topic(self, name: str) -> None:
+        self.rates.pop(name, None)
+        self._recompute()
+
+    def _set_rate(self, name: str, rate: float | None) -> None:
+        if rate is None:
+            self.rates.pop(name, None)
+        else:
+            self.rates[name] = rate
+
+    def _recompute(self) -> None:
+        self.on = self.default > 0.0 or any(r > 0.0 for r in self.rates.values())
+
+    def rate(self, topic: str) -> float:
+        return self.rates.get(topic, self.default)
+
+    def sampled(self, topic: str, message_id: str) -> bool:
+        """Is this message traced? The same answer for one message in every process."""
+        r = self.rates.get(topic, self.default)
+        if r <= 0.0 or not message_id:
+            return False
+        return r >= 1.0 or crc32c(message_id.encode()) % 10_000 < r * 10_000
+
+    async def refresh(self) -> None:
+        """Read every topic's attributes (changes made through other gateways arrive so)."""
+        try:
+            topics = await self.broker.list_topics(False)
+        except Exception as e:  # a broker down: keep what is known
+            log.debug("trace: topic refresh failed: %s", e)
+            return
+        rates: dict[str, float] = {}
+        for tc in topics:
+            r = topic_trace_rate(tc.attributes or {})
+            if r is not None:
+                rates[tc.name] = r
+        self.rates = rates
+        self._recompute()
+        self._refreshed = time.monotonic()
+
+    # -- recording (every call is cheap; callers check ``on`` first) ----------------------
+
+    def event(self, message_id: str, topic: str, event: str, door: str, **fields: Any) -> None:
+        """Buffer one event of a traced message (the caller decided it is traced)."""
+        if len(self._buf) >= self.capacity:
+            self.dropped += 1
+            return
+        fields["id"] = message_id
+        fields["topic"] = topic
+        fields["event"] = event
+        fields["door"] = door
+        fields["at"] = round(time.time() * 1000, 3)
+        self._buf.append((message_id, fields))
+        self.recorded += 1
+        if len(self._buf) >= self.batch and self._wake is not None:
+            self._wake.set()
+        if self._task is None:
+            self._start()
+
+    def message(self, m: Message, event: str, door: str, message_id: str = "", **fields: Any) -> None:
+        """Record ``event`` for ``m`` if its topic and id are sampled."""
+        mid = message_id or m.message_id
+        topic = origin_topic(m)
+        if self.sampled(topic, mid):
+            self.event(mid, topic, event, door, **fields)
+
+    def stored(self, ctx: Any, messages: Sequence[Message], results: Sequence[Any]) -> None:
+        """A send call's messages were stored (the processor, after the broker answered)."""
+        door = ctx.protocol
+        for m, r in zip(messages, results):
+            mid = r.message_id
+            if self.sampled(m.topic, mid):
+                if not m.message_id:
+                    m.message_id = mid  # doors delivering the object from memory trace it by id
+                self.event(mid, m.topic, "stored", door, client=ctx.client_id, address=ctx.remote_address,
+                           broker=r.broker, queue=r.queue_id, offset=r.queue_offset)
+
+    def popped(self, ctx: Any, group: str, popped: Iterable[Any], via: str = "pop") -> None:
+        """Pop deliveries; their receipt handles are remembered so an ack finds the message."""
+        handles = self._handles
+        for p in popped:
+            m = p.message
+            topic = origin_topic(m)
+            if self.sampled(topic, m.message_id):
+                self.event(m.message_id, topic, "delivered", ctx.protocol, client=ctx.client_id, group=group,
+                           via=via, attempt=p.delivery_attempt)
+                if len(handles) >= 100_000:
+                    del handles[next(iter(handles))]
+                handles[p.receipt_handle] = (m.message_id, topic)
+
+    def pulled(self, ctx: Any, messages: Iterable[StoredMessage], group: str = "") -> None:
+        for m in messages:
+            self.message(m, "delivered", ctx.protocol, client=ctx.client_id, group=group, via="pull")
+
+    def settled(self, ctx: Any, group: str, handle: str, event: str, new_handle: str | None = None,
+                **fields: Any) -> None:
+        """An ack, a release or a dead-lettering of a popped message (by its receipt handle);
+        ``new_handle``: the message stays in flight under that handle (a renewal: ``event`` "")."""
+        known = self._handles.pop(handle, None)
+        if known is None:
+            return
+        if new_handle:
+            self._handles[new_handle] = known
+        if event:  # "": a renewal, the same delivery under a new handle
+            self.event(known[0], known[1], event, ctx.protocol, client=ctx.client_id, group=group, **fields)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the writer (and the refresh of topics' rates) from now on: call in a running loop."""
+        if self._task is None:
+            self._start()
+
+    def _start(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # recorded outside a loop (a test's thread): written by the next one in a loop
+        self._wake = asyncio.Event()
+        self._task = loop.create_task(self._run(), name="unimq-trace-writer")
+
+    async def _run(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(wake.wait(), self.flush_s if self.on or self._buf else self.refresh_s)
+            except asyncio.TimeoutError:
+                pass
+            wake.clear()
+            await self.flush()
+            if time.monotonic() - self._refreshed > self.refresh_s:
+                await self.refresh()
+
+    async def _trace_broker(self) -> tuple[str, int] | None:
+        route = self.broker.route_nowait(TRACE_TOPIC) or await self.broker.route(TRACE_TOPIC)
+        if route is None:
+            await self.broker.create_topic(TopicConfig(TRACE_TOPIC, queues=1, system=True), exist_ok=True)
+            self.broker.invalidate(TRACE_TOPIC)
+            route = await self.broker.route(TRACE_TOPIC)
+        if route is None or not route.writable:
+            return None
+        q = route.writable[0]
+        return q.broker, q.queue_id
+
+    async def flush(self) -> int:
+        """Write what is buffered (one broker call per ``batch`` events). Returns events written."""
+        if not self._buf:
+            return 0
+        buf, self._buf = self._buf, []
+        try:
+            where = await self._trace_broker()
+        except Exception as e:
+            log.warning("trace: no trace topic (%s); %d events dropped", e, len(buf))
+            self.dropped += len(buf)
+            return 0
+        if where is None:
+            self.dropped += len(buf)
+            return 0
+        broker, qid = where
+        msgs = [Message(TRACE_TOPIC, json.dumps(f, separators=(",", ":")).encode(), tag=f["event"], keys=(mid,),
+                        protocol="internal", queue_id=qid)
+                for mid, f in buf]
+        n = 0
+        for i in range(0, len(msgs), self.batch):
+            part = msgs[i:i + self.batch]
+            try:
+                await self.broker.send(broker, part, False, "")
+                n += len(part)
+            except Exception as e:
+                log.warning("trace: writing %d events failed: %s", len(part), e)
+                self.dropped += len(part)
+                self.broker.invalidate(TRACE_TOPIC)
+        self.written += n
+        return n
+
+    async def stop(self) -> None:
+        """Write what is buffered and end the writer."""
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            if self._wake is not None:
+                self._wake.set()
+            try:
+                await asyncio.wait_for(task, 5)
+            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                task.cancel()
+        try:
+            await self.flush()
+        except Exception:
+            log.exception("trace: the last flush failed")
+
+    def metrics(self) -> dict[str, int]:
+        return {"trace_events": self.recorded, "trace_written": self.written, "trace_dropped": self.dropped}
+
+
+def tracer_of(processor: Any) -> Tracer:
+    """A door's tracer: its processor's, or one that is always off (a door built on a remote
+    processor in tests: the gateway it calls traces what passes through it)."""
+    tracer = getattr(processor, "tracer", None)
+    return tracer if isinstance(tracer, Tracer) else Tracer(None, 0.0)  # type: ignore[arg-type]
+
+
+def parse_events(messages: Iterable[StoredMessage], message_id: str) -> list[dict]:
+    """The trace events among ``messages`` (a query of the trace topic by key) for ``message_id``."""
+    out = []
+    for m in messages:
+        try:
+            e = json.loads(m.body)
+        except ValueError:
+            continue
+        if isinstance(e, dict) and e.get("id") == message_id:
+            out.append(e)
+    return out
+
+
+def sort_timeline(events: list[dict]) -> list[dict]:
+    """Events by time (microseconds, as recorded); equal times in the order a message's life goes."""
+    return sorted(events, key=lambda e: (e.get("at", 0), _RANK.get(e.get("event", ""), 99)))
