@@ -24,15 +24,12 @@ from core_broker.filter import compile_filter
 from core_broker.model import FilterExpression, GetResult, Message, MessageType, StoredMessage
 from core_broker.pop_service import PoppedMessage
 from core_broker.receipt import InvalidReceiptHandleError, broker_of
-from core_broker.record_layout import LAYOUT
 from core_broker.system_topics import RESERVED_PREFIX, dlq_topic, is_lmq, is_system_topic
 from core_broker.topic_config import TopicConfig, merge_attributes, validate_attributes, validate_topic_name
 from core_broker.transaction_service import TransactionChecker
 
 from .api import (
     ACCEPTED_MESSAGE_TYPES,
-    ArrowPage,
-    ArrowUnavailableError,
     MessageTypeMismatchError,
     NoWritableQueueError,
     ProcessorConfig,
@@ -41,12 +38,13 @@ from .api import (
     route_extra,
 )
 from .auth import Action, AllowAll, Authorizer, ForbiddenError, Resource, UnauthorizedError
-from .broker_client import BrokerClient, RawPage, TopicRoute
+from .broker_client import BrokerClient, TopicRoute
 from .context import RequestContext
 from .door_watch import DoorWatchCalls
 from .metrics import Metrics
 from .namespace import namespaced_calls
 from .processor_admin import AdminCalls
+from .processor_columnar import ColumnarCalls
 from .processor_trace import TraceCalls
 from .trace import Tracer, check_trace_attributes
 from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, PLAIN_KEYS_MAX as _PLAIN_KEYS_MAX, TopicPlan, message_type_of, select_queue
@@ -63,7 +61,7 @@ _PUB, _SUB, _TOPIC, _GROUP = Action.PUBLISH, Action.SUBSCRIBE, Resource.TOPIC, R
 
 
 @namespaced_calls
-class MessagingProcessor(AdminCalls, DoorWatchCalls, TraceCalls):
+class MessagingProcessor(AdminCalls, ColumnarCalls, DoorWatchCalls, TraceCalls):
     """The processor API (gateway/api.py :class:`MessagingAPI`) over a broker client.
 
     Namespaces are applied to every call of the API by the class decorator
@@ -567,9 +565,7 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls, TraceCalls):
             await asyncio.gather(*(settle(b, idx) for b, idx in by_broker.items()))
         self.metrics.inc("acks", ctx.protocol, out.count(None))
         if self.tracer.on:
-            for h, r in zip(receipt_handles, out):
-                if r is None:
-                    self.tracer.settled(ctx, group, h, "acked")
+            self.tracer.acked_batch(ctx, group, receipt_handles, out)
         return out
 
     async def change_invisible(
@@ -580,9 +576,8 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls, TraceCalls):
         out = await self.broker.change_invisible(
             self._broker_of_handle(receipt_handle), group, receipt_handle, invisible_ms
         )
-        if self.tracer.on:  # 0: released for another delivery (a nack); else the same one, renewed
-            self.tracer.settled(ctx, group, receipt_handle, "retried" if invisible_ms == 0 else "",
-                                new_handle=None if invisible_ms == 0 else out[0])
+        if self.tracer.on:
+            self.tracer.released(ctx, group, receipt_handle, invisible_ms, out[0])
         return out
 
     async def forward_to_dlq(self, ctx: RequestContext, group: str, topic: str, receipt_handle: str) -> None:
@@ -624,50 +619,6 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls, TraceCalls):
             self.metrics.count_out(ctx.protocol, topic, len(r.messages), sum(len(m.body) for m in r.messages))
             if self.tracer.on and not is_lmq(topic):  # a door's LMQ read-back is traced as its delivery
                 self.tracer.pulled(ctx, r.messages)
-        return r
-
-    async def read_table(
-        self, ctx: RequestContext, topic: str, queue_id: int, offset: int = 0, max_count: int = 256
-    ) -> GetResult:
-        """A COMPACTED topic's queue as a table: the latest message of each key from ``offset``."""
-        self._check(ctx, _SUB, _TOPIC, topic)
-        b = await self._queue_broker(ctx, topic, queue_id, None)
-        return await self.broker.read_table(b, topic, queue_id, offset, max_count)
-
-    async def compact_topic(self, ctx: RequestContext, topic: str) -> dict:
-        """Compact a COMPACTED topic now, on every broker of it (the admin trigger)."""
-        self._check(ctx, Action.ADMIN, _TOPIC, topic)
-        done = [await self.broker.compact_topic(b, topic) for b in (await self._route(ctx, topic)).brokers]
-        return {k: sum(d[k] for d in done) for k in ("passes", "queues", "removed")}
-
-    async def pull_arrow(
-        self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int = 32,
-        filter_expression: FilterExpression | None = None, wait_ms: int = 0,
-    ) -> ArrowPage:
-        """:meth:`pull` as an Arrow page, built by ``gateway/arrow_pages.py`` (imported here, on
-        first use: pyarrow and numpy are optional)."""
-        try:
-            from . import arrow_pages
-        except ImportError:
-            raise ArrowUnavailableError(
-                "format=arrow needs pyarrow and numpy on the server (pip install 'unimq[spark]')") from None
-        return await arrow_pages.pull_page(self, ctx, topic, queue_id, offset, max_count, filter_expression, wait_ms)
-
-    async def pull_raw(
-        self, ctx: RequestContext, topic: str, queue_id: int, offset: int, max_count: int
-    ) -> RawPage | None:
-        """Queue offsets ``[offset, offset+n)`` undecoded, for columnar readers (the Arrow pages
-        of :meth:`pull_arrow`): see MessageStore.get_raw for the tuple. None when :meth:`pull`
-        must be used (a remote broker, offset out of range)."""
-        self._check(ctx, _SUB, _TOPIC, topic)
-        if not self.broker.reads_raw:
-            return None
-        b = await self._queue_broker(ctx, topic, queue_id, None)
-        r = await self.broker.pull_raw(b, topic, queue_id, offset, max_count)
-        if r is not None:
-            n = len(r[0]) // LAYOUT.entry_size  # consume-queue entries
-            self.metrics.inc("messages_out", ctx.protocol, n)
-            self.metrics.inc_topic("messages_out", ctx.protocol, topic, n)
         return r
 
     async def commit_offset(
@@ -726,9 +677,7 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls, TraceCalls):
                 f"unknown topic type {message_type!r}: one of NORMAL, FIFO, DELAY, TRANSACTION, COMPACTED"
             ) from None
         attrs = validate_attributes(attributes or {})
-        bad = check_trace_attributes(attrs)
-        if bad:
-            raise BadRequestError(bad)
+        check_trace_attributes(attrs)
         tc = TopicConfig(name, queues=self.config.default_queue_count if queues is None else queues, message_type=mtype,
                          attributes=attrs)
         created = await self.broker.create_topic(tc, exist_ok=exist_ok)
@@ -765,9 +714,7 @@ class MessagingProcessor(AdminCalls, DoorWatchCalls, TraceCalls):
         )
         if updated.queues < tc.queues:
             raise BadRequestError("queues can be added to a topic, not removed")
-        bad = check_trace_attributes(updated.attributes)
-        if bad:
-            raise BadRequestError(bad)
+        check_trace_attributes(updated.attributes)
         done = await self.broker.update_topic(updated)
         self.tracer.set_topic(updated)
         return done

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Sequence
 
 from crc32c import crc32c
 
+from core_broker.errors import BadRequestError
 from core_broker.model import Message, StoredMessage
 from core_broker.system_topics import P_ORIGIN_TOPIC, TRACE_TOPIC
 from core_broker.topic_config import TopicConfig
@@ -74,8 +75,14 @@ def topic_trace_rate(attributes: dict[str, str]) -> float | None:
         return None
 
 
-def check_trace_attributes(attributes: dict[str, str]) -> str | None:
-    """Why the trace attributes are wrong (None: they are right or absent)."""
+def check_trace_attributes(attributes: dict[str, str]) -> None:
+    """Raise BadRequestError unless the trace attributes are right (or absent)."""
+    bad = _trace_attributes_error(attributes)
+    if bad:
+        raise BadRequestError(bad)
+
+
+def _trace_attributes_error(attributes: dict[str, str]) -> str | None:
     enabled = attributes.get(ATTR_ENABLED)
     if enabled is not None and enabled.strip().lower() not in _TRUE + _FALSE:
         return f"{ATTR_ENABLED} must be true or false, not {enabled!r}"
@@ -230,6 +237,19 @@ class Tracer:
             self._handles[new_handle] = known
         if event:  # "": a renewal, the same delivery under a new handle
             self.event(known[0], known[1], event, ctx.protocol, client=ctx.client_id, group=group, **fields)
+
+    def acked_batch(self, ctx: Any, group: str, handles: Sequence[str], errors: Sequence[str | None]) -> None:
+        for h, err in zip(handles, errors):
+            if err is None:
+                self.settled(ctx, group, h, "acked")
+
+    def released(self, ctx: Any, group: str, handle: str, invisible_ms: int, new_handle: str) -> None:
+        """A change of invisible time: 0 releases the message for another delivery (a nack:
+        ``retried``); any other time renews the same delivery under ``new_handle``."""
+        if invisible_ms == 0:
+            self.settled(ctx, group, handle, "retried")
+        else:
+            self.settled(ctx, group, handle, "", new_handle=new_handle)
 
     # -- writing -------------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ from typing import Any, Callable
 import httpx
 import paho.mqtt.client as mqtt
 import pika
-import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
