@@ -1,12 +1,15 @@
 """The console (/ui) in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven
 by Selenium; no browser download): every page renders without console errors, the overview's
 counters move with MQTT, AMQP and HTTP traffic, a message published over MQTT is found by key
-on the search page, and resetting a group's offset from the page makes its messages come again.
-Screenshots of every page go to docs/screenshots/ (linked from the README).
+on the search page with its trace (stored by MQTT, delivered over AMQP, acked), and resetting a
+group's offset from the page makes its messages come again.
+Screenshots of every page go to the test's temporary directory, or, with ``UNIMQ_SCREENSHOTS=1``,
+to docs/screenshots/ (linked from the README), so a test run leaves the working tree alone.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -28,7 +31,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select  # noqa: E402
 
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-SHOTS = REPO_ROOT / "docs" / "screenshots"
+DOC_SHOTS = REPO_ROOT / "docs" / "screenshots"
 PAGES = ("overview", "topics", "groups", "clients", "messages", "cluster")
 
 pytestmark = pytest.mark.skipif(not (Path(CHROMIUM).exists() and shutil.which(DRIVER)),
@@ -51,6 +54,12 @@ def browser() -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where the screenshots go: docs/screenshots/ with UNIMQ_SCREENSHOTS=1, else the test's tmp dir."""
+    return DOC_SHOTS if os.environ.get("UNIMQ_SCREENSHOTS") == "1" else tmp_path
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
@@ -92,10 +101,17 @@ def door_total(driver: Any, door: str) -> int:
     return int(driver.find_element(By.CSS_SELECTOR, f"#door-{door} .in-total").text.replace(",", ""))
 
 
-def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any) -> None:
+def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any, shots: Path) -> None:
     srv = unimq_server()
     base = srv.url().rstrip("/")
     h = httpx.Client(base_url=base, timeout=20)
+    # the meters are traced, and an AMQP queue takes them
+    assert h.post("/v1/topics", json={"name": "meters", "attributes": {"trace_enabled": "true"}}).status_code == 201
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", srv.ports["amqp"], client_properties={"connection_name": "meter-reader"}))
+    consumer = conn.channel()
+    consumer.queue_declare("meter-readings", durable=True)
+    consumer.queue_bind("meter-readings", "amq.topic", "meters.42.#")
 
     # the overview, before and after traffic through three doors
     open_page(browser, base, "overview")
@@ -106,7 +122,6 @@ def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any
     props = Properties(PacketTypes.PUBLISH)
     props.UserProperty = ("keys", "meter-42")
     pub.publish("meters/42/kwh", b'{"kwh": 3.25}', qos=1, properties=props).wait_for_publish(10)
-    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", srv.ports["amqp"]))
     conn.channel().basic_publish("amq.topic", "meters.43.kwh", b'{"kwh": 1}')
     for i in range(3):
         assert h.post("/v1/topics/invoices/messages", params={"keys": f"inv-{i}"}, content=f"invoice {i}".encode()).is_success
@@ -114,8 +129,8 @@ def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any
     wait_for(lambda: any(float(e.text.replace(",", "")) > 0 for e in browser.find_elements(By.CSS_SELECTOR, ".in-rate")),
              what="a rate on the chart")
     assert errors(browser) == []
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(SHOTS / "overview.png"))  # with the traffic on its chart
+    shots.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(shots / "overview.png"))  # with the traffic on its chart
 
     # a pop group over HTTP consumes the invoices
     got = h.post("/v1/topics/invoices/groups/accounting/pop", params={"max": 32}).json()["messages"]
@@ -132,7 +147,20 @@ def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any
             wait_for(lambda: browser.find_element(By.ID, "client-mqtt-console-dev"), what="the MQTT client row")
         assert errors(browser) == [], page
         if page != "overview":
-            browser.save_screenshot(str(SHOTS / f"{page}.png"))
+            browser.save_screenshot(str(shots / f"{page}.png"))
+
+    # the MQTT message consumed over AMQP (basic_consume, ack): its trace is complete
+    got_reading: list[bytes] = []
+
+    def on_reading(ch: Any, method: Any, props: Any, body: bytes) -> None:
+        ch.basic_ack(method.delivery_tag)
+        got_reading.append(body)
+
+    consumer.basic_consume("meter-readings", on_reading)
+    wait_for(lambda: conn.process_data_events(time_limit=0.2) or got_reading, what="the AMQP delivery")
+    [found] = h.get("/v1/admin/messages", params={"topic": "meters", "key": "meter-42"}).json()["items"]
+    wait_for(lambda: "acked" in [e["event"] for e in h.get(f"/v1/messages/{found['message_id']}/trace").json()["events"]],
+             what="the ack in the trace")
 
     # the MQTT message found by key on the search page, with the door it came in by
     open_page(browser, base, "messages")
@@ -146,7 +174,15 @@ def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any
     [hex_tab] = [b for b in card.find_elements(By.CSS_SELECTOR, ".tabs button") if b.text == "hex"]
     hex_tab.click()
     assert card.find_element(By.CSS_SELECTOR, "pre.body").text.startswith("7b 22 6b 77 68")
-    browser.save_screenshot(str(SHOTS / "messages.png"))
+    # its trace: stored by MQTT, delivered over AMQP to the queue's consumer, acked
+    events = wait_for(lambda: [(e.get_attribute("data-event"), e.get_attribute("data-door"))
+                               for e in card.find_elements(By.CSS_SELECTOR, ".trace li.trace-event")],
+                      what="the trace timeline")
+    assert events == [("stored", "mqtt"), ("delivered", "amqp"), ("acked", "amqp")]
+    delivered = card.find_elements(By.CSS_SELECTOR, ".trace li.trace-event")[1].text
+    assert "meter-readings" in delivered and "meter-reader" in delivered
+    browser.execute_script("arguments[0].scrollIntoView()", card.find_element(By.CSS_SELECTOR, ".trace"))
+    browser.save_screenshot(str(shots / "messages.png"))
     assert errors(browser) == []
 
     # reset the group from its page: the invoices come again over HTTP
@@ -158,7 +194,7 @@ def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any
     browser.find_element(By.ID, "reset-value").send_keys("0")
     browser.find_element(By.ID, "reset-button").click()
     wait_for(lambda: "reset invoices" in browser.find_element(By.ID, "group-result").text, what="the reset's answer")
-    browser.save_screenshot(str(SHOTS / "groups.png"))
+    browser.save_screenshot(str(shots / "groups.png"))
     again = h.post("/v1/topics/invoices/groups/accounting/pop", params={"max": 32}).json()["messages"]
     assert sorted(m["message_id"] for m in again) == sorted(m["message_id"] for m in got)
     assert errors(browser) == []

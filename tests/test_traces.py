@@ -122,6 +122,7 @@ def test_mqtt_to_amqp_trace_with_ack_retry_and_cli(unimq_server: Any) -> None:
         assert [e["at"] for e in ev] == sorted(e["at"] for e in ev)
         # the admin API answers the same timeline
         assert h.get(f"/v1/admin/messages/{mid}/trace").json()["events"] == ev
+        assert h.get("/v1/admin/messages/nope/trace").json()["events"] == []
 
         # a nack with requeue: delivered, retried, delivered again (redelivered), acked
         publish_mqtt(srv.ports["mqtt"], "plant/line1/temp", b"22.0", "p-2")
@@ -152,7 +153,7 @@ def test_mqtt_to_amqp_trace_with_ack_retry_and_cli(unimq_server: Any) -> None:
         assert out.returncode == 0 and json.loads(out.stdout)["events"] == ev
         out = subprocess.run([*cli, qid], capture_output=True, text=True, cwd=REPO_ROOT,
                              timeout=60)
-        assert out.returncode != 0 and "NOT_TRACED" in out.stderr
+        assert out.returncode == 4 and "no trace" in out.stderr
         conn.close()
 
 

@@ -260,11 +260,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"unimq: error: {err.get('error', status)}: {err.get('message', '')}", file=sys.stderr)
         return EXIT_USAGE if status == 400 else exit_code(status)
     found = body.get("items") if isinstance(body, dict) and args.admin_command == "messages" else None
+    if isinstance(body, dict) and args.admin_command == "messages" and args.messages_command == "trace":
+        found = body.get("events")
     if found is not None and not found:
         if args.json:
             print(json.dumps(body, indent=2))
         else:
-            print("no message found", file=sys.stderr)
+            print("no trace of that message (is its topic traced?)" if "events" in body else "no message found",
+                  file=sys.stderr)
         return EXIT_NOT_FOUND
     if args.json:
         print(json.dumps(body, indent=2))

@@ -108,7 +108,7 @@ def create_app(state: ServerState[Any], certs: PeerCerts | None = None) -> FastA
     app.router.routes.insert(0, events_fast_path)
     admin = http_admin.admin_app(deps)
     admin.include_router(http_console.router(deps))  # the console's views and actions, beside users and ACLs
-    admin.include_router(http_trace.router(deps, prefix=""))  # a message's trace, for the console and the CLI
+    admin.include_router(http_trace.router(deps, prefix="", not_found=False))  # a message's trace, for the console and the CLI
     app.mount("/v1/admin", admin)
     # Basic / Bearer logins, checked against the process's identity store before any route runs.
     app.add_middleware(AuthMiddleware, state=state, certs=certs)

@@ -33,7 +33,10 @@ def trace_view(message_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
             "doors": doors, "events": events}
 
 
-def router(deps: Deps, prefix: str = "/v1") -> APIRouter:
+def router(deps: Deps, prefix: str = "/v1", not_found: bool = True) -> APIRouter:
+    """The trace route under ``prefix``; ``not_found``: a message without events is a 404
+    (the messaging API), else an empty timeline (the admin API: the console asks for every
+    message it shows, and a browser logs each 404 as an error)."""
     r = APIRouter(tags=["messages"])
 
     @r.get(prefix + "/messages/{message_id}/trace", responses=ERRORS)
@@ -41,11 +44,11 @@ def router(deps: Deps, prefix: str = "/v1") -> APIRouter:
                                                                      description="the message id")) -> Response:
         """A traced message's life in time order: stored (by which door and client, on which
         broker), delivered (to which consumer or group, over which door, pop or pull), acked,
-        retried, dead-lettered, expired. 404 ``NOT_TRACED``: no event (its topic is not traced,
-        it was not sampled, or the id is unknown)."""
+        retried, dead-lettered, expired. No event (its topic is not traced, it was not sampled,
+        or the id is unknown): 404 ``NOT_TRACED`` under ``/v1``, an empty list under ``/v1/admin``."""
         ctx = request_context(request, "http")
         events = await deps.processor().message_trace(ctx, message_id)
-        if not events:
+        if not events and not_found:
             raise ApiError(404, "NOT_TRACED", f"no trace of message {message_id!r} (is its topic traced?)")
         return json_response(trace_view(message_id, events))
 

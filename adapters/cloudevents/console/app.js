@@ -305,7 +305,35 @@ function messageCard(m) {
     el("div", {}, el("strong", {}, m.topic), ` queue ${m.queue_id} offset ${m.queue_offset} · came in by `,
       el("strong", { class: "protocol" }, m.protocol), ` · stored ${time(m.store_timestamp)}`),
     el("div", { class: "mono" }, `id ${m.message_id} · tag ${m.tag || "-"} · keys ${m.keys.join(", ") || "-"} · ${m.body_size} bytes`),
-    tabs, pre, props);
+    tabs, pre, props, traceBox(m.message_id));
+}
+
+// A message's trace (GET /v1/admin/messages/{id}/trace): its life across doors, in time order.
+function traceEvent(e) {
+  const skip = new Set(["id", "topic", "event", "door", "at", "client", "group", "broker", "address"]);
+  const detail = Object.entries(e).filter(([k]) => !skip.has(k)).map(([k, v]) => `${k}=${v}`).join(" ");
+  return el("li", { class: "trace-event", "data-event": e.event, "data-door": e.door },
+    el("span", { class: "mono" }, time(e.at)), " ", el("span", { class: `event event-${e.event}` }, e.event),
+    " over ", el("span", { class: "badge door" }, e.door),
+    e.client ? ` by ${e.client}` : "", e.group ? ` · group ${e.group}` : "", e.broker ? ` · broker ${e.broker}` : "",
+    detail ? el("span", { class: "mono" }, ` · ${detail}`) : "");
+}
+
+function traceBox(id) {
+  const box = el("div", { class: "trace" });
+  const load = async () => {
+    try {
+      const t = await api(`/messages/${encodeURIComponent(id)}/trace`);
+      const head = el("div", { class: "toolbar" }, el("strong", {}, "trace"),
+        t.events.length ? ` ${t.events.length} events · doors ${t.doors.join(" → ")}` : " not traced (turn on trace_enabled on its topic)",
+        el("button", { type: "button", class: "trace-refresh", onclick: load }, "refresh"));
+      box.replaceChildren(head, t.events.length ? el("ol", {}, t.events.map(traceEvent)) : "");
+    } catch (e) {
+      box.replaceChildren(el("div", { class: "result error" }, "trace: " + e.message));
+    }
+  };
+  load();
+  return box;
 }
 
 async function search(ev) {
