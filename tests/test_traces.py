@@ -199,3 +199,51 @@ def test_pop_consumers_sampling_and_turning_tracing_on(unimq_server: Any) -> Non
         off = h.post("/v1/topics/sampled/messages", content=b"x").json()["message_id"]
         time.sleep(0.5)
         assert h.get(f"/v1/messages/{off}/trace").status_code == 404
+
+
+def test_amqp_to_mqtt_subscriber_trace(unimq_server: Any) -> None:
+    """Published over AMQP (amq.topic), delivered to a QoS 1 MQTT subscriber (paho) and PUBACKed;
+    a second subscriber online later reads it back from the store: delivered to it as well."""
+    srv = unimq_server()
+    with httpx.Client(base_url=srv.url(), timeout=20) as h:
+        assert h.post("/v1/topics", json={"name": "plant", "attributes": {"trace_enabled": "true"}}).status_code == 201
+        got: list[bytes] = []
+        sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="panel-1", clean_session=False)
+        sub.on_message = lambda c, u, m: got.append(m.payload)
+        sub.connect("127.0.0.1", srv.ports["mqtt"])
+        sub.loop_start()
+        sub.subscribe("plant/#", qos=1)[1]
+        # a persistent session that is offline when the message comes: read back at reconnect
+        late = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="panel-2", clean_session=False)
+        late_got: list[bytes] = []
+        late.on_message = lambda c, u, m: late_got.append(m.payload)
+        late.connect("127.0.0.1", srv.ports["mqtt"])
+        late.loop_start()
+        late.subscribe("plant/+/pressure", qos=1)
+        time.sleep(0.5)
+        late.loop_stop()
+        late.disconnect()
+        time.sleep(0.3)
+        conn = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", srv.ports["amqp"], client_properties={"connection_name": "plc-3"}))
+        conn.channel().basic_publish("amq.topic", "plant.line3.pressure", b"1.02",
+                                     pika.BasicProperties(message_id="press-1"))
+        wait_for(lambda: got, what="the MQTT delivery")
+        late.reconnect()
+        late.loop_start()
+        wait_for(lambda: late_got, what="the read-back delivery")
+        mid = find_id(h, "plant", "press-1")
+        ev = wait_for(lambda: (t := h.get(f"/v1/messages/{mid}/trace").json()) and
+                      sum(e["event"] == "acked" for e in t["events"]) == 2 and t["events"], what="both acks")
+        assert ev[0]["event"] == "stored" and ev[0]["door"] == "amqp" and ev[0]["client"] == "plc-3"
+        mqtt_ev = [(e["event"], e["client"]) for e in ev[1:]]
+        assert sorted(mqtt_ev) == [("acked", "panel-1"), ("acked", "panel-2"),
+                                   ("delivered", "panel-1"), ("delivered", "panel-2")]
+        assert mqtt_ev.index(("delivered", "panel-1")) < mqtt_ev.index(("acked", "panel-1"))
+        assert all(e["door"] == "mqtt" for e in ev[1:])
+        d = next(e for e in ev if e["event"] == "delivered" and e["client"] == "panel-1")
+        assert d["group"] == "plant/#" and d["qos"] == 1 and d["mqtt_topic"] == "plant/line3/pressure"
+        conn.close()
+        for c in (sub, late):
+            c.loop_stop()
+            c.disconnect()

@@ -49,6 +49,7 @@ from .config import MQTTConfig
 from .connection import Connection
 from .delivery import Delivery
 from .fleet import Fleet
+from .tracing import delivered as trace_delivered, mark_sent as trace_mark_sent
 from .mapping import (
     P_EXPIRY_AT,
     P_MQTT_CLIENT_ID,
@@ -456,6 +457,8 @@ class MQTTBroker:
         gid = fleet.gid
         try:
             results = await self.processor.send(ctx, msgs)
+            if delivery.tracer.on:
+                trace_mark_sent(results, outs)
             codes = [0 if p.matched else C.RC_NO_MATCHING_SUBSCRIBERS for p in plans]
             for res, plan, out in zip(results, plans, outs):
                 subs_ = plan.lmq_subs
@@ -485,11 +488,14 @@ class MQTTBroker:
             codes = [C.RC_NOT_AUTHORIZED if e.code in ("FORBIDDEN", "UNAUTHORIZED") else C.RC_UNSPECIFIED_ERROR] \
                 * len(items)
         sub_ids = Routing.sub_ids
+        tracer = delivery.tracer
         for out, direct in fast:
             for sub in direct:
                 conn = sub.session.conn
                 if conn is not None:
                     conn.deliver(out, 0, sub.rap and out.retain, sub_ids(sub.session, out.topic, sub))
+                    if tracer.on:
+                        trace_delivered(tracer, sub.session, sub.filter, out, 0)
         for s in wake:
             delivery.wake(s)
         fleet.flush_notes()
@@ -556,6 +562,8 @@ class MQTTBroker:
             if plan is None or res is None:
                 continue
             out, lmq_subs, direct, groups = plan
+            if delivery.tracer.on:
+                trace_mark_sent((res,), (out,))
             extra = list(m.extra_dispatch)
             offsets = res.extra_offsets
             for sub, t in lmq_subs:
@@ -574,6 +582,8 @@ class MQTTBroker:
                 conn = sub.session.conn
                 if conn is not None:
                     conn.deliver(out, 0, False, Routing.sub_ids(sub.session, out.topic, sub))
+                    if delivery.tracer.on:
+                        trace_delivered(delivery.tracer, sub.session, sub.filter, out, 0)
             for g in groups:
                 if out.qos == 0 or g.qos == 0 or not g.lmq_ready:
                     member = g.next_online()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine
 from core_broker.errors import TopicNotFoundError, UnimqError
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
+from gateway.trace import tracer_of
 from gateway.lmq_reader import LaneRuns, MemoryBudget, commit_floor, committed_floor, pull_lane
 
 from . import codec as C
@@ -29,6 +30,7 @@ from .config import MQTTConfig
 from .mapping import Outgoing, now_ms, outgoing_from_stored
 from .session import Cursor, Inflight, Session, Subscription
 from .sys_topics import Counters
+from .tracing import acked as trace_acked, delivered as trace_delivered, mark_read as trace_mark_read
 
 from .shared import SharedDelivery
 
@@ -69,6 +71,7 @@ class Delivery:
         self.out_counts: dict[str, int] = {}
         self.out_bytes: dict[str, int] = {}  # their payload bytes, likewise
         self.metrics = processor.metrics
+        self.tracer = tracer_of(processor)  # message traces (adapters/mqtt/tracing.py)
 
     def count_out(self) -> None:
         """Add the deliveries counted since the last call to the processor's ``messages_out``
@@ -281,8 +284,12 @@ class Delivery:
         self._dirty_sessions.add(s)
         if out.expiry_at and out.expired(now_ms()):
             cur.settle(off)
+            if self.tracer.on:
+                trace_delivered(self.tracer, s, sub.filter if sub else "", out, 0, "expired")
             return
         q = out.qos if sub is None or sub.qos >= out.qos else sub.qos
+        if self.tracer.on:
+            trace_delivered(self.tracer, s, sub.filter if sub else "", out, q)
         retain = bool(sub is not None and sub.rap and out.retain)
         sids = self.sub_ids(s, out.topic, sub) if sub is not None and s.has_sub_ids else None
         if q == 0:
@@ -379,8 +386,9 @@ class Delivery:
                             if off < cur.read:
                                 continue
                             cur.skip_to(off)
+                            out = outgoing_from_stored(m.properties, m.body, m.topic)
                             self._deliver_lmq(s, conn, sub, cur, lmq, off,
-                                              outgoing_from_stored(m.properties, m.body, m.topic))
+                                              trace_mark_read(out, m) if self.tracer.on else out)
                             cur.read = off + 1
                         while mem and mem[0][0] < cur.read:
                             self._mem_popleft(cur)
@@ -423,6 +431,8 @@ class Delivery:
 
     def acked(self, s: Session, f: Inflight) -> None:
         """A QoS 1 PUBACK or QoS 2 PUBREC arrived for ``f``."""
+        if self.tracer.on and f.receipt is None:  # a shared group's ack is the processor's to trace
+            trace_acked(self.tracer, s, f)
         if f.receipt is not None:
             self.spawn(self.shared.ack(s, f))
         elif f.lmq is not None:

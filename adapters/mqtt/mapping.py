@@ -46,7 +46,9 @@ def now_ms() -> int:
 class Outgoing:
     """One application message on its way out: what a PUBLISH to a subscriber is built from."""
 
-    __slots__ = ("topic", "tb", "payload", "qos", "retain", "props", "expiry_at", "_v5", "raw", "ut")
+    # ``trace``: (message id, topic) of a traced message (adapters/mqtt/tracing.py); left unset,
+    # not set to None, so messages pay nothing for it while tracing is off
+    __slots__ = ("topic", "tb", "payload", "qos", "retain", "props", "expiry_at", "_v5", "raw", "ut", "trace")
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, props: dict[str, Any] | None,
                  expiry_at: int = 0, tb: bytes | None = None, ut: str = "") -> None:
