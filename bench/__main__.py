@@ -52,6 +52,7 @@ SECTIONS: dict[str, str] = {
     "tier": "bench.tier_bench",
     "compaction": "bench.compaction_bench",
     "auth": "bench.auth_bench",
+    "trace": "bench.trace_bench",
 }
 
 PEER_TIMED = """\

@@ -85,7 +85,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorWatchCalls, TraceCalls):
         self._routers: list[Router] = []
         self.set_authorizer(authorizer or AllowAll())
         # message traces: every hook reads tracer.on first (false: tracing costs that read)
-        self.tracer = Tracer(broker, self.config.trace_sample_rate, self.config.trace_flush_ms)
+        self.tracer = Tracer(broker, self.config.trace_sample_rate, self.config.trace_flush_ms, metrics=self.metrics)
 
     async def start(self) -> None:
         await self.broker.start()

@@ -12,7 +12,7 @@ false while no topic is traced): that is all tracing costs when it is off. When 
 is a tuple appended to a bounded in-memory buffer; a background task writes the buffer to
 the trace topic every ``flush_ms`` (or once ``batch`` events wait) in one broker call, so no
 message waits for its trace. A full buffer drops new events (counted in
-``unimq_trace_dropped_total``) rather than slowing messages down.
+``unimq_trace_events_dropped_total``) rather than slowing messages down.
 
 Sampling is decided from the message id (a hash below ``rate``), so every gateway and door
 makes the same choice for one message without carrying a mark on it.
@@ -107,8 +107,9 @@ class Tracer:
     """The per-process trace recorder: rates per topic, the event buffer and its writer."""
 
     def __init__(self, broker: BrokerClient, default_rate: float = 0.0, flush_ms: int = 100,
-                 batch: int = 512, capacity: int = 20_000, refresh_s: float = 5.0) -> None:
+                 batch: int = 512, capacity: int = 20_000, refresh_s: float = 5.0, metrics: Any = None) -> None:
         self.broker = broker
+        self.metrics_sink = metrics  # gateway.metrics.Metrics: written and dropped events, per flush
         self.default = min(1.0, max(0.0, float(default_rate)))
         self.flush_s = max(flush_ms, 1) / 1000.0
         self.batch = max(1, batch)
@@ -125,6 +126,7 @@ class Tracer:
         self._task: asyncio.Task | None = None
         self._refreshed = 0.0
         self._stopping = False
+        self._reported = (0, 0)
 
     # -- which messages are traced ------------------------------------------------------
 
@@ -292,6 +294,23 @@ class Tracer:
 
     async def flush(self) -> int:
         """Write what is buffered (one broker call per ``batch`` events). Returns events written."""
+        try:
+            return await self._flush()
+        finally:
+            self._report()
+
+    def _report(self) -> None:
+        sink = self.metrics_sink
+        if sink is None or (self.written, self.dropped) == self._reported:
+            return
+        w, d = self._reported
+        if self.written > w:
+            sink.inc("trace_events_written", "internal", self.written - w)
+        if self.dropped > d:
+            sink.inc("trace_events_dropped", "internal", self.dropped - d)
+        self._reported = (self.written, self.dropped)
+
+    async def _flush(self) -> int:
         if not self._buf:
             return 0
         buf, self._buf = self._buf, []
@@ -336,9 +355,6 @@ class Tracer:
             await self.flush()
         except Exception:
             log.exception("trace: the last flush failed")
-
-    def metrics(self) -> dict[str, int]:
-        return {"trace_events": self.recorded, "trace_written": self.written, "trace_dropped": self.dropped}
 
 
 def tracer_of(processor: Any) -> Tracer:

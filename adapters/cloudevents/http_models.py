@@ -26,7 +26,8 @@ class TopicCreate(BaseModel):
         default_factory=dict,
         description="topic attributes, kept with a new topic: `tier_retention_hours` (hours in the tier, 0 for ever); "
                     "a COMPACTED topic's `min_cleanable_dirty_ratio` and `delete_retention_ms`; `static` "
-                    "(`true`: the queues are logic queues, fixed for good; see `/v1/topics/{topic}/remap`)",
+                    "(`true`: the queues are logic queues, fixed for good; see `/v1/topics/{topic}/remap`); "
+                    "message traces' `trace_enabled` (true/false) and `trace_sample_rate` (0-1)",
     )
 
 
