@@ -17,8 +17,9 @@ message waits for its trace. A full buffer drops new events (counted in
 Sampling is decided from the message id (a hash below ``rate``), so every gateway and door
 makes the same choice for one message without carrying a mark on it.
 
-Each event is one message in the trace topic, keyed by the traced message's id, so a
-message's timeline is a query by key (:func:`read_trace`) on whichever broker holds it.
+The events of one message buffered in one flush are one record of the trace topic (a JSON
+list), keyed by the traced message's id, so a message's timeline is a query by key
+(:func:`parse_events` reads the answer) on whichever broker holds it.
 Hand-written: the events are our own model (no tracing library knows doors and receipts),
 and OpenTelemetry's exporters would put the cost on the hot path this avoids.
 """
@@ -107,7 +108,7 @@ class Tracer:
     """The per-process trace recorder: rates per topic, the event buffer and its writer."""
 
     def __init__(self, broker: BrokerClient, default_rate: float = 0.0, flush_ms: int = 100,
-                 batch: int = 512, capacity: int = 20_000, refresh_s: float = 5.0, metrics: Any = None) -> None:
+                 batch: int = 1024, capacity: int = 50_000, refresh_s: float = 5.0, metrics: Any = None) -> None:
         self.broker = broker
         self.metrics_sink = metrics  # gateway.metrics.Metrics: written and dropped events, per flush
         self.default = min(1.0, max(0.0, float(default_rate)))
@@ -324,18 +325,29 @@ class Tracer:
             self.dropped += len(buf)
             return 0
         broker, qid = where
-        msgs = [Message(TRACE_TOPIC, json.dumps(f, separators=(",", ":")).encode(), tag=f["event"], keys=(mid,),
-                        protocol="internal", queue_id=qid)
-                for mid, f in buf]
+        # one record per message and flush: the events of one message that fall in one flush
+        # (stored, delivered and acked, often) share it, so tracing writes a third of the records
+        by_id: dict[str, list[dict]] = {}
+        for mid, f in buf:
+            evs = by_id.get(mid)
+            if evs is None:
+                by_id[mid] = [f]
+            else:
+                evs.append(f)
+        dumps = json.dumps
+        records = [(len(evs), Message(TRACE_TOPIC, dumps(evs, separators=(",", ":")).encode(), tag=evs[-1]["event"],
+                                      keys=(mid,), protocol="internal", queue_id=qid))
+                   for mid, evs in by_id.items()]
         n = 0
-        for i in range(0, len(msgs), self.batch):
-            part = msgs[i:i + self.batch]
+        for i in range(0, len(records), self.batch):
+            part = records[i:i + self.batch]
+            k = sum(c for c, _ in part)
             try:
-                await self.broker.send(broker, part, False, "")
-                n += len(part)
+                await self.broker.send(broker, [m for _, m in part], False, "")
+                n += k
             except Exception as e:
-                log.warning("trace: writing %d events failed: %s", len(part), e)
-                self.dropped += len(part)
+                log.warning("trace: writing %d events failed: %s", k, e)
+                self.dropped += k
                 self.broker.invalidate(TRACE_TOPIC)
         self.written += n
         return n
@@ -369,11 +381,12 @@ def parse_events(messages: Iterable[StoredMessage], message_id: str) -> list[dic
     out = []
     for m in messages:
         try:
-            e = json.loads(m.body)
+            got = json.loads(m.body)
         except ValueError:
             continue
-        if isinstance(e, dict) and e.get("id") == message_id:
-            out.append(e)
+        for e in got if isinstance(got, list) else [got]:
+            if isinstance(e, dict) and e.get("id") == message_id:
+                out.append(e)
     return out
 
 
