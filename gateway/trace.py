@@ -17,9 +17,10 @@ message waits for its trace. A full buffer drops new events (counted in
 Sampling is decided from the message id (a hash below ``rate``), so every gateway and door
 makes the same choice for one message without carrying a mark on it.
 
-The events of one message buffered in one flush are one record of the trace topic (a JSON
-list), keyed by the traced message's id, so a message's timeline is a query by key
-(:func:`parse_events` reads the answer) on whichever broker holds it.
+The events buffered in one flush are written as records of the trace topic holding the
+events of up to :data:`PER_RECORD` messages each (a JSON list), keyed by those messages'
+ids, so a message's timeline is a query by key (:func:`parse_events` keeps its events) on
+whichever broker holds it.
 Hand-written: the events are our own model (no tracing library knows doors and receipts),
 and OpenTelemetry's exporters would put the cost on the hot path this avoids.
 """
@@ -50,6 +51,11 @@ log = logging.getLogger("unimq.trace")
 #: event names, in the order they happen to one message (equal times sort so)
 EVENTS = ("stored", "delivered", "retried", "nacked", "acked", "expired", "dead_lettered")
 _RANK = {e: i for i, e in enumerate(EVENTS)}
+
+#: messages whose events share one record of the trace topic (each id is one of its keys)
+PER_RECORD = 64
+#: records per broker call (about 1,000 messages' events, a few hundred KB)
+RECORDS_PER_SEND = 16
 
 #: the topic attributes a trace reads
 ATTR_ENABLED = "trace_enabled"
@@ -294,7 +300,8 @@ class Tracer:
         return q.broker, q.queue_id
 
     async def flush(self) -> int:
-        """Write what is buffered (one broker call per ``batch`` events). Returns events written."""
+        """Write what is buffered (one broker call per :data:`RECORDS_PER_SEND` records). Returns
+        the events written."""
         try:
             return await self._flush()
         finally:
@@ -325,8 +332,9 @@ class Tracer:
             self.dropped += len(buf)
             return 0
         broker, qid = where
-        # one record per message and flush: the events of one message that fall in one flush
-        # (stored, delivered and acked, often) share it, so tracing writes a third of the records
+        # Records of up to PER_RECORD messages' events (a JSON list), keyed by every one of their
+        # ids: the store's cost is mostly per record, so tracing writes few records; a query by
+        # one id reads the records naming it and keeps that id's events (parse_events).
         by_id: dict[str, list[dict]] = {}
         for mid, f in buf:
             evs = by_id.get(mid)
@@ -335,12 +343,16 @@ class Tracer:
             else:
                 evs.append(f)
         dumps = json.dumps
-        records = [(len(evs), Message(TRACE_TOPIC, dumps(evs, separators=(",", ":")).encode(), tag=evs[-1]["event"],
-                                      keys=(mid,), protocol="internal", queue_id=qid))
-                   for mid, evs in by_id.items()]
+        ids = list(by_id)
+        records = []
+        for i in range(0, len(ids), PER_RECORD):
+            chunk = ids[i:i + PER_RECORD]
+            evs = [e for mid in chunk for e in by_id[mid]]
+            records.append((len(evs), Message(TRACE_TOPIC, dumps(evs, separators=(",", ":")).encode(), tag="trace",
+                                              keys=tuple(chunk), protocol="internal", queue_id=qid)))
         n = 0
-        for i in range(0, len(records), self.batch):
-            part = records[i:i + self.batch]
+        for i in range(0, len(records), RECORDS_PER_SEND):
+            part = records[i:i + RECORDS_PER_SEND]
             k = sum(c for c, _ in part)
             try:
                 await self.broker.send(broker, [m for _, m in part], False, "")
