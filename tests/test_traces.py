@@ -2,7 +2,8 @@
 (paho) on a traced topic and consumed over AMQP (pika basic_consume + ack) shows stored by
 MQTT, delivered over AMQP and acked; a nack with requeue shows a retry; pop consumers over
 HTTP are traced with their acks and releases; a topic with tracing off records nothing;
-a sample rate records about that share; the CLI prints the timeline.
+a sample rate records about that share; the CLI prints the timeline; AMQP to MQTT
+subscribers (live and read back) and push subscriptions (failed POSTs retried) likewise.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pika
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from http_helpers import Webhook, start_server, until
 from tests.conftest import REPO_ROOT
 
 
@@ -247,3 +249,27 @@ def test_amqp_to_mqtt_subscriber_trace(unimq_server: Any) -> None:
         for c in (sub, late):
             c.loop_stop()
             c.disconnect()
+
+
+async def test_push_subscription_trace(unimq_server: Any, tmp_path: Any) -> None:
+    """A push subscription's webhook answers 500 twice, then 200: the trace shows the pop
+    delivery, two failed pushes (retried) and the ack, over the CloudEvents door."""
+    server = start_server(unimq_server, tmp_path)
+    async with Webhook(fail_first=2) as hook, httpx.AsyncClient(base_url=server.url("http", ""), timeout=30) as c:
+        r = await c.post("/v1/topics", json={"name": "hooks", "queues": 1, "attributes": {"trace_enabled": "true"}})
+        assert r.status_code == 201, r.text
+        r = await c.post("/v1/subscriptions", json={"topic": "hooks", "sink": hook.url, "initial_backoff_ms": 50,
+                                                    "max_attempts": 5})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        mid = (await c.post("/v1/topics/hooks/messages", content=b"ping")).json()["message_id"]
+        await until(lambda: 200 in hook.answers, 60, "a successful push")
+
+        async def acked() -> list[dict[str, Any]] | None:
+            t = (await c.get(f"/v1/admin/messages/{mid}/trace")).json()["events"]
+            return t if "acked" in [e["event"] for e in t] else None
+
+        ev = await until(acked, 30, "the ack in the trace")
+        assert [e["event"] for e in ev] == ["stored", "delivered", "retried", "retried", "acked"]
+        assert ev[0]["door"] == "http" and {e["door"] for e in ev[1:]} == {"cloudevents"}
+        assert ev[2]["subscription"] == sid and ev[3]["attempt"] == 2 and ev[1]["group"] == f"push-{sid}"
