@@ -280,8 +280,9 @@ class Tracer:
         assert wake is not None
         while not self._stopping:
             try:
-                await asyncio.wait_for(wake.wait(), self.flush_s if self.on or self._buf else self.refresh_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self.flush_s if self.on or self._buf else self.refresh_s):
+                    await wake.wait()
+            except TimeoutError:
                 pass
             wake.clear()
             await self.flush()
@@ -371,10 +372,9 @@ class Tracer:
         if task is not None:
             if self._wake is not None:
                 self._wake.set()
-            try:
-                await asyncio.wait_for(task, 5)
-            except (asyncio.TimeoutError, asyncio.CancelledError, Exception):
-                task.cancel()
+            _, pending = await asyncio.wait({task}, timeout=5)  # (3.11's wait_for can drop a cancel)
+            for t in pending:
+                t.cancel()
         try:
             await self.flush()
         except Exception:
@@ -382,8 +382,9 @@ class Tracer:
 
 
 def tracer_of(processor: Any) -> Tracer:
-    """A door's tracer: its processor's, or one that is always off (a door built on a remote
-    processor in tests: the gateway it calls traces what passes through it)."""
+    """A door's tracer: its processor's, or one that is always off (a door on a remote
+    processor, whose gateway traces what passes through it, or on a test's stand-in for the
+    processor: doors take any object with the calls they make, so this one is asked for)."""
     tracer = getattr(processor, "tracer", None)
     return tracer if isinstance(tracer, Tracer) else Tracer(None, 0.0)  # type: ignore[arg-type]
 
