@@ -155,9 +155,6 @@ class Tracer:
     def _recompute(self) -> None:
         self.on = self.default > 0.0 or any(r > 0.0 for r in self.rates.values())
 
-    def rate(self, topic: str) -> float:
-        return self.rates.get(topic, self.default)
-
     def sampled(self, topic: str, message_id: str) -> bool:
         """Is this message traced? The same answer for one message in every process."""
         r = self.rates.get(topic, self.default)

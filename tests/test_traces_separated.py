@@ -81,7 +81,10 @@ def test_traces_across_gateways_and_brokers(cluster: Any) -> None:
     assert [(e["event"], e["door"]) for e in ev] == [("stored", "mqtt"), ("delivered", "amqp"), ("acked", "amqp")]
     assert ev[0]["broker"] in ("broker-a", "broker-b") and ev[0]["client"] == "truck-7"
 
-    # HTTP pops through gateway 1 of messages on both brokers (it learns the topic is traced)
+    # HTTP pops through gateway 1 of messages on both brokers. A gateway applies a change of
+    # trace attributes made through it at once (others read them every few seconds): set
+    # through gateway 1 too, so its pops are traced from now on whatever the timing
+    assert h1.patch("/v1/topics/fleet", json={"attributes": {"trace_enabled": "true"}}).is_success
     sent = [h0.post("/v1/topics/fleet/messages", content=f"m{i}".encode()).json() for i in range(8)]
     assert len({s["queue_id"] for s in sent}) == 2  # one queue on each broker
     wait_for(lambda: all(events_of(h1, s["message_id"], "stored") for s in sent), what="the stored events")
