@@ -36,6 +36,8 @@ OPERATIONS = {
     ("POST", "/v1/topics/{topic}/groups/{group}/invisible"),
     ("GET", "/v1/topics/{topic}/queues/{queue}/messages"),
     ("GET", "/v1/topics/{topic}/table"), ("POST", "/v1/topics/{topic}/compact"),
+    ("POST", "/v1/topics/{topic}/remap"), ("POST", "/v1/topics/{topic}/release"),
+    ("GET", "/v1/messages/{message_id}/trace"),
     ("GET", "/v1/topics/{topic}"), ("PATCH", "/v1/topics/{topic}"), ("DELETE", "/v1/topics/{topic}"),
     ("POST", "/v1/subscriptions"), ("GET", "/v1/subscriptions"),
     ("GET", "/v1/subscriptions/{sid}"), ("DELETE", "/v1/subscriptions/{sid}"),

@@ -36,12 +36,10 @@ def trace_view(message_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
 def router(deps: Deps, prefix: str = "/v1", not_found: bool = True) -> APIRouter:
     """The trace route under ``prefix``; ``not_found``: a message without events is a 404
     (the messaging API), else an empty timeline (the admin API: the console asks for every
-    message it shows, and a browser logs each 404 as an error). The messaging API's route is
-    left out of its OpenAPI document, whose operations are pinned by
-    tests/test_http_routers.py; the admin API's document (``/v1/admin/openapi.json``) has it."""
+    message it shows, and a browser logs each 404 as an error)."""
     r = APIRouter(tags=["messages"])
 
-    @r.get(prefix + "/messages/{message_id}/trace", responses=ERRORS, include_in_schema=not not_found)
+    @r.get(prefix + "/messages/{message_id}/trace", responses=ERRORS)
     async def message_trace(request: Request, message_id: str = Path(min_length=1, max_length=128,
                                                                      description="the message id")) -> Response:
         """A traced message's life in time order: stored (by which door and client, on which
