@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from . import consumer_stats
 from .config import BrokerConfig, StoreConfig
@@ -33,6 +33,7 @@ from .pop_service import PoppedMessage, PopService
 from .receipt import ReceiptHandle
 from .system_topics import (
     DLQ_PREFIX,
+    JOURNAL_TOPIC,
     RETRY_PREFIX,
     is_lmq,
     is_system_topic,
@@ -122,6 +123,13 @@ class BrokerController(MessageQueries):
 
             # boto3 builds its client from JSON models (tens of ms): off the event loop
             self.tier = self.store.tier = tier = await asyncio.to_thread(TierService, self.store)
+            try:  # an empty local log continues after the tier's end: before any put (the journal's too)
+                await asyncio.to_thread(tier.continue_empty_log)
+            except BaseException:
+                await asyncio.to_thread(tier.stop)
+                self.tier = self.store.tier = None
+                await asyncio.to_thread(self.store.shutdown)
+                raise
             tier.start()
             from .tier.cold_pops import ColdPops
 
@@ -135,7 +143,12 @@ class BrokerController(MessageQueries):
         self.kv_versions = state.get("kvv") or {ns: {k: 0 for k in items} for ns, items in self.kv.items()}
         self._kv_last = max((v for items in self.kv_versions.values() for v in items.values()), default=0)
         replayed = 0
-        for op, data in self.journal.replay(int(state.get("journal", 0))):
+        start = int(state.get("journal", 0))
+        entries: Iterable[tuple[str, dict]] = self.journal.replay(start)
+        if self.tier is not None and start < self.store.min_offset(JOURNAL_TOPIC, 0):
+            # after a restart with an empty disk the entries since the snapshot are in the tier
+            entries = await self.tier.run_cold(list, self.journal.replay(start, self.tier.reader.get))
+        for op, data in entries:
             if op == "kv":
                 self._apply_kv(data)
                 continue

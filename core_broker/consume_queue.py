@@ -6,6 +6,11 @@ skip entries whose tag hash cannot match a filter without touching the log.
 Entries are written by the store's dispatcher right after the commitlog write
 and can be rebuilt from the commitlog alone (each record names its queue
 offsets), which is what crash recovery does.
+
+A queue may start above 0 with nothing below it on local disk: after a restart
+with an empty local disk, the tier holds its earlier offsets (``start_at``). That
+start is kept in a small file (``START_FILE``) beside the queue's files, since a
+queue with no entries has no file to say where it continues.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from .json_file import read_json, write_json_atomic
 from .mapped_file import MappedFileQueue
 
 ENTRY = struct.Struct("<qiq")
@@ -22,10 +28,11 @@ _unpack_from = ENTRY.unpack_from
 # A light message queue's files are small (80 KiB): there is one LMQ per subscription,
 # and each file is preallocated with real blocks when the LMQ's first entry arrives.
 LMQ_CQ_ENTRIES = 4096
+START_FILE = "start"  # {"offset": N}: the queue's offsets below N are not local (see start_at)
 
 
 class ConsumeQueue:
-    __slots__ = ("topic", "queue_id", "files", "max_offset", "min_offset", "limit", "_file_bytes", "_cur")
+    __slots__ = ("topic", "queue_id", "files", "max_offset", "min_offset", "limit", "_file_bytes", "_cur", "floor")
 
     def __init__(self, root: Path, topic: str, queue_id: int, entries_per_file: int) -> None:
         self.topic = topic
@@ -36,6 +43,7 @@ class ConsumeQueue:
         self.min_offset = 0
         self.limit = 0  # queue offsets below this (and >= the current file's first) fit in _cur
         self._cur = None
+        self.floor = 0  # no local entry below this offset (``start_at``)
 
     def load(self) -> None:
         """Find the highest written entry (non-zero size).
@@ -46,19 +54,27 @@ class ConsumeQueue:
         jump to their first offset over entries that were never written.
         """
         self.files.load()
+        start = self.files.dir / START_FILE
+        if start.exists():
+            try:
+                self.floor = int(read_json(start, {}).get("offset", 0))
+            except (ValueError, TypeError, AttributeError):
+                self.floor = 0  # unreadable: the queue's files alone say where it is
+            self.min_offset = self.max_offset = max(self.min_offset, self.floor)
         files = self.files.files
         if not files:
             return
-        self.min_offset = files[0].base // ENTRY_SIZE
+        self.min_offset = max(files[0].base // ENTRY_SIZE, self.floor)
         for last in reversed(files):
-            lo, hi = 0, last.size // ENTRY_SIZE  # entries are written in order: binary search
+            # entries are written in order from the floor on: binary search
+            lo, hi = max(0, self.floor * ENTRY_SIZE - last.base) // ENTRY_SIZE, last.size // ENTRY_SIZE
             while lo < hi:
                 mid = (lo + hi) // 2
                 if _unpack_from(last.mm, mid * ENTRY_SIZE)[1] != 0:
                     lo = mid + 1
                 else:
                     hi = mid
-            self.max_offset = last.base // ENTRY_SIZE + lo
+            self.max_offset = max(last.base // ENTRY_SIZE + lo, self.floor)
             if lo or last is files[0]:
                 break
         self._set_cur(self.files.find(self.max_offset * ENTRY_SIZE) or files[-1])
@@ -80,8 +96,22 @@ class ConsumeQueue:
         if mf is None:
             mf = self.files.create(pos - pos % self._file_bytes)
             if len(self.files.files) == 1:
-                self.min_offset = mf.base // ENTRY_SIZE
+                self.min_offset = max(mf.base // ENTRY_SIZE, self.floor)
         self._set_cur(mf)
+
+    def start_at(self, offset: int) -> None:
+        """Continue at ``offset``: the queue's earlier offsets live elsewhere (the tier, after a
+        restart with an empty local disk), so the next entry is ``offset`` and nothing below it
+        is local. Kept on disk at once (a restart before the next put must not start at 0)."""
+        if offset <= self.max_offset:
+            return
+        self.files.dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.files.dir / START_FILE, {"offset": offset})
+        self.floor = offset
+        self.max_offset = offset
+        if not self.files.files:
+            self.min_offset = offset
+        self._set_cur(None)  # the put fast path trusts _cur to hold max_offset
 
     def put(self, queue_offset: int, phys: int, size: int, tag_hash: int) -> None:
         pos = queue_offset * ENTRY_SIZE
@@ -195,6 +225,7 @@ class ConsumeQueue:
         self._set_cur(None)
 
     def destroy(self) -> None:
+        (self.files.dir / START_FILE).unlink(missing_ok=True)
         self.files.destroy()
         self._set_cur(None)
 

@@ -79,6 +79,13 @@ class IllegalFilterExpressionError(BadRequestError):
     code = "ILLEGAL_FILTER_EXPRESSION"
 
 
+class TierUnreadableError(UnimqError):
+    """Start-up: the local commitlog is empty and the tier, which says where it continues,
+    cannot be read (see ``TierService.continue_empty_log``)."""
+
+    code = "SERVICE_UNAVAILABLE"
+
+
 class FlushTimeoutError(UnimqError):
     code = "MASTER_PERSISTENCE_TIMEOUT"
 

@@ -13,11 +13,13 @@ without copying message bodies.
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .message_store import MessageStore
-from .model import GetStatus, Message, PutResult
+from .model import GetResult, GetStatus, Message, PutResult
 from .system_topics import JOURNAL_TOPIC, P_JOURNAL_DATA, P_JOURNAL_OP
+
+ColdGet = Callable[[str, int, int, int], "GetResult | None"]  # (topic, queue, offset, max) -> a get or None
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 _jstr_cache: dict[str, str] = {}
@@ -82,11 +84,20 @@ class Journal:
     def next_offset(self) -> int:
         return self.store.max_offset(JOURNAL_TOPIC, 0)
 
-    def replay(self, start: int) -> Iterator[tuple[str, dict]]:
-        """Every (op, data) from journal offset ``start`` to the end."""
-        off = max(start, self.store.min_offset(JOURNAL_TOPIC, 0))
+    def replay(self, start: int, cold: ColdGet | None = None) -> Iterator[tuple[str, dict]]:
+        """Every (op, data) from journal offset ``start`` to the end; offsets below the local
+        queue's minimum through ``cold`` (the tier's read, which blocks on the network) if given."""
+        local_min = self.store.min_offset(JOURNAL_TOPIC, 0)
+        off = start if cold is not None else max(start, local_min)
         while True:
-            r = self.store.get(JOURNAL_TOPIC, 0, off, 512)
+            if off < local_min:
+                cr = cold(JOURNAL_TOPIC, 0, off, 512) if cold is not None else None
+                if cr is None:  # nothing there in the tier either
+                    off = local_min
+                    continue
+                r = cr
+            else:
+                r = self.store.get(JOURNAL_TOPIC, 0, off, 512)
             if r.status == GetStatus.OFFSET_MOVED:
                 off = r.next_offset
                 continue

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
 from . import record
-from . import log_copy
+from . import log_copy, log_start
 from .commitlog import CommitLog
 from .compaction import Compactor
 from .config import FlushMode, StoreConfig
@@ -97,6 +97,7 @@ class MessageStore:
         # Every record is written by the appender, under _lock.
         self.appender = Appender(self.commitlog, self.index, self._cqs, self._cq, config.max_message_size)
         self.store_id = ""
+        self.new_store = False
         self._running = False
         self._sync = config.flush == FlushMode.SYNC
         self._flush: FlushService | None = None
@@ -119,7 +120,8 @@ class MessageStore:
         root = self.root
         root.mkdir(parents=True, exist_ok=True)
         id_path = root / "store_id"
-        if id_path.exists():
+        self.new_store = not id_path.exists()  # a store id made now: nothing of it can be in a tier
+        if not self.new_store:
             self.store_id = id_path.read_text().strip()
         else:
             self.store_id = secrets.token_hex(8).upper()
@@ -440,6 +442,10 @@ class MessageStore:
     def truncate_to(self, offset: int) -> None:
         """Cut the log at ``offset`` crash-safely (see core_broker.log_copy)."""
         log_copy.truncate_to(self, offset)
+
+    def continue_after(self, phys_end: int, queue_ends: dict[tuple[str, int], int]) -> None:
+        """Continue an empty local log after what the tier holds (see core_broker.log_start)."""
+        log_start.continue_after(self, phys_end, queue_ends)
 
     def adopt_store_id(self, store_id: str) -> None:
         """Take a group master's store id: server message ids encode it with the record's

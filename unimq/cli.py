@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Coroutine, Sequence
 
-from core_broker.errors import ConfigurationError
+from core_broker.errors import ConfigurationError, TierUnreadableError
 from core_broker.remoting import auth as rpc_auth
 
 from .roles import ROLES, Role
@@ -127,7 +127,7 @@ def _serve(settings: UnimqSettings) -> int:
         _run_loop(process.run(settings))
     except KeyboardInterrupt:  # Ctrl-C before our handlers were installed
         return 130
-    except (StartupError, OSError, ConfigurationError) as exc:  # a port in use, an unusable file named by a setting
+    except (StartupError, OSError, ConfigurationError, TierUnreadableError) as exc:  # a port in use, a bad file, no tier
         print(f"unimq: error: {exc}", file=sys.stderr)
         return 1
     return 0

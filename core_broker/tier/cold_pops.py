@@ -16,7 +16,6 @@ those and :meth:`ColdPops.resolve` looks their records up in the tier's index ob
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptRecordError
@@ -59,9 +58,8 @@ class ColdPops:
         if not wanted:
             return False
         todo, wanted[:] = list(dict.fromkeys(wanted)), []
-        loop = asyncio.get_running_loop()
         for key in todo:
-            phys = await loop.run_in_executor(self.tier._read_pool, self._look_up, *key)
+            phys = await self.tier.run_cold(self._look_up, *key)
             self.pops.cold_phys[key] = -1 if phys is None else phys
         return True
 

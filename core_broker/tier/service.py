@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from ..errors import TierUnreadableError
 from ..mapped_file import MappedFile
 from ..model import GetResult, StoredMessage
 from . import expiry
@@ -24,6 +25,9 @@ from .uploader import Uploader
 
 if TYPE_CHECKING:
     from ..message_store import MessageFilter, MessageStore
+
+T = TypeVar("T")
+LIST_WAIT_S = 10.0  # how long a cold read right after a start waits for the tier's listing
 
 
 class TierService:
@@ -47,6 +51,36 @@ class TierService:
         """Start the upload worker (no network call here: the worker makes them)."""
         self.uploader.start()
 
+    def continue_empty_log(self) -> None:
+        """Before the first put, with nothing of the commitlog on local disk (a restart with an
+        empty disk): read the tier's manifests now and make the log and every queue continue
+        after the tier's end, so no offset is given twice and everything before is read from
+        the tier. Blocks on the network (call it on a thread, before :meth:`start`).
+
+        A store whose id was made by this start has nothing in the tier; otherwise a tier
+        that cannot be read stops the start (:class:`TierUnreadableError`): where the log
+        continues is unknown, and guessing 0 would reuse offsets the tier serves.
+        """
+        store = self.store
+        if store.commitlog.files.files or store.new_store:
+            return  # the local log says where it continues (the worker lists the tier later)
+        try:
+            self.uploader.list_tier()
+        except self.objects.errors as e:
+            raise TierUnreadableError(
+                f"the local commitlog is empty and the tier (bucket {self.objects.bucket!r}) cannot be read, "
+                f"so where the log continues is unknown: {type(e).__name__}: {e}; start again once it answers"
+            ) from e
+        manifests = self.uploader.manifests()
+        if not manifests:
+            return
+        ends: dict[tuple[str, int], int] = {}
+        for m in manifests:
+            for t, q, _first, end, _pos in m.queues:
+                ends[(t, q)] = max(ends.get((t, q), 0), end)
+        last = manifests[-1]
+        store.continue_after(last.base + last.size, ends)
+
     def stop(self) -> None:
         self.uploader.stop()
         self._read_pool.shutdown(wait=True, cancel_futures=True)
@@ -66,13 +100,23 @@ class TierService:
         """(origin offset, origin size) of a link record only the tier holds; (-1, 0) otherwise."""
         return self.reader.record_at(offset)[1]
 
+    async def run_cold(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the read workers, once the tier's manifests were read since start
+        (waiting up to ``LIST_WAIT_S``; after that the tier answers with what it knows)."""
+
+        def run() -> T:
+            if not self.uploader.listed:
+                self.uploader.wait_listed(LIST_WAIT_S)
+            return fn(*args)
+
+        return await asyncio.get_running_loop().run_in_executor(self._read_pool, run)
+
     async def get_async(
         self, topic: str, queue_id: int, offset: int, max_count: int, msg_filter: "MessageFilter | None" = None
     ) -> GetResult | None:
         """A get below the local minimum, served from the tier on its read workers
         (see :meth:`TierReader.get`: None when the tier holds nothing for it)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._read_pool, self.reader.get, topic, queue_id, offset, max_count, msg_filter)
+        return await self.run_cold(self.reader.get, topic, queue_id, offset, max_count, msg_filter)
 
     async def get_local_async(
         self, topic: str, queue_id: int, offset: int, max_count: int, msg_filter: "MessageFilter | None" = None
@@ -92,25 +136,20 @@ class TierService:
     async def offset_for_timestamp_async(self, topic: str, queue_id: int, ts_ms: int) -> int:
         """The first queue offset stored at or after ``ts_ms``, in the tier or locally; tier
         lookups run on the read workers (none at all for a time newer than the tier's data)."""
-        loop = asyncio.get_running_loop()
-        cold = await loop.run_in_executor(self._read_pool, self.reader.offset_for_timestamp, topic, queue_id, ts_ms)
+        cold = await self.run_cold(self.reader.offset_for_timestamp, topic, queue_id, ts_ms)
         return cold if cold is not None else self.store.offset_for_timestamp(topic, queue_id, ts_ms)
 
     async def query_by_id_async(self, message_id: str) -> StoredMessage | None:
         """A message by id (server-assigned or client-chosen) from the tier, on the read workers (see
         :meth:`TierReader.query_by_id`)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._read_pool, self.reader.query_by_id, message_id)
+        return await self.run_cold(self.reader.query_by_id, message_id)
 
     async def query_by_key_async(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
     ) -> list[StoredMessage]:
         """Messages by key from segments only the tier holds, on the read workers (see
         :meth:`TierReader.query_by_key`)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._read_pool, self.reader.query_by_key, topic, key, begin_ms, end_ms, max_count
-        )
+        return await self.run_cold(self.reader.query_by_key, topic, key, begin_ms, end_ms, max_count)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The queue's oldest readable offset, in the tier or local (no network call)."""

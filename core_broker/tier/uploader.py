@@ -58,6 +58,7 @@ class Uploader:
         # Segments tier retention removed: still confirmed (never uploaded again), no longer readable.
         self.expired: set[int] = set()
         self.listed = False  # the tier's manifests were read since start
+        self._listed = threading.Event()
         self.uploaded = 0  # segments uploaded by this process
         self.failures = 0  # consecutive failed attempts
         self.failed_attempts = 0  # failed attempts since start (the metric; ``failures`` resets)
@@ -77,6 +78,7 @@ class Uploader:
 
     def stop(self) -> None:
         self._stop.set()
+        self._listed.set()  # reads waiting for the listing answer now, with what is known
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
@@ -126,7 +128,7 @@ class Uploader:
         while not self._stop.is_set():
             try:
                 if not self.listed:
-                    self._list_tier()
+                    self.list_tier()
                 todo = self.sealed()
                 if todo:
                     self.upload(todo[0])
@@ -151,7 +153,7 @@ class Uploader:
             self._wake.wait(wait)
             self._wake.clear()
 
-    def _list_tier(self) -> None:
+    def list_tier(self) -> None:
         """Read the confirmed set back from the tier; delete what a crash left in ``tmp/``.
 
         Every manifest is read (one GET each, a few hundred bytes): the reader and tier
@@ -172,6 +174,12 @@ class Uploader:
                 self.in_tier.setdefault(b, m)
             self.version += 1
         self.listed = True
+        self._listed.set()
+
+    def wait_listed(self, timeout: float) -> bool:
+        """Wait (a read worker) until the tier's manifests were read since start, at most ``timeout``
+        seconds: a read below the local log right after a start must not take the tier for empty."""
+        return self._listed.wait(timeout)
 
     def upload(self, mf: MappedFile) -> layout.Manifest:
         """Segment, then queue index, then keys, then manifest: the manifest's arrival confirms
