@@ -116,6 +116,9 @@ class PopService:
         self.min_offset: Callable[[str, int], int] = store.min_offset
         self.cold_wanted: list[tuple[str, int, int]] | None = None
         self.cold_phys: dict[tuple[str, int, int], int] = {}
+        # FIFO: messages redelivered in place (or parked) whose queue entry only the tier holds,
+        # read before the pop by ``tier.cold_pops``; taken by ``_read_at`` when delivered.
+        self.cold_messages: dict[tuple[str, int, int], StoredMessage] = {}
 
     # -- cursors -------------------------------------------------------------------
 
@@ -252,7 +255,7 @@ class PopService:
             inf = c.inflight[off]
             if inf.mgroup in blocked or inf.attempt >= self.config.max_delivery_attempts:
                 continue  # exhausted ones are dead-lettered by revive()
-            m = self.store.read_at(topic, qid, off)
+            m = self._read_at(topic, qid, off)
             if m is None:
                 del c.inflight[off]
                 continue
@@ -267,7 +270,7 @@ class PopService:
             g = c.waiting[off]
             if g in blocked:
                 continue
-            m = self.store.read_at(topic, qid, off)
+            m = self._read_at(topic, qid, off)
             del c.waiting[off]
             if m is None:
                 continue
@@ -311,6 +314,25 @@ class PopService:
         return out, self.journal.append(
             "pop", {"g": group, "t": topic, "q": qid, "n": c.next, "v": visible_at, "m": entries, "w": parked}
         )
+
+    def _read_at(self, topic: str, qid: int, off: int) -> StoredMessage | None:
+        """A FIFO message delivered again (or after parking): local, or read from the tier."""
+        m = self.store.read_at(topic, qid, off)
+        if m is None and self.cold_messages:
+            m = self.cold_messages.pop((topic, qid, off), None)
+        return m
+
+    def fifo_due(self, group: str, topic: str, qid: int, limit: int) -> list[int]:
+        """Offsets a FIFO pop of this queue would read again now (expired in-flight messages,
+        then parked ones, of message groups not busy), at most ``limit`` of each."""
+        c = self.cursors.get((group, topic, qid))
+        if c is None or not c.fifo:
+            return []
+        now = now_ms()
+        blocked = {inf.mgroup for inf in c.inflight.values() if inf.visible_at > now}
+        due = sorted(o for o, inf in c.inflight.items() if inf.visible_at <= now and inf.mgroup not in blocked)
+        parked = sorted(o for o, g in c.waiting.items() if g not in blocked)
+        return due[:limit] + parked[:limit]
 
     # -- ack / change invisible / dead letter ------------------------------------------
 
@@ -407,6 +429,7 @@ class PopService:
                 last = self._dead_letter(group, topic, qid, off, c, inf)  # type: ignore[arg-type]
                 continue
             if c.fifo:  # type: ignore[union-attr]
+                self.cold_phys.pop((topic, qid, off), None)  # looked up for a dead letter only
                 self.notify(topic)  # redelivered in place by the next pop
                 continue
             phys = self._phys(topic, qid, off)

@@ -12,6 +12,10 @@ local retention removed: a lagging group silently lost those messages.
 An in-flight message popped from the tier has no local queue entry, so when its invisible
 time ends the revive cannot find the record to retry or dead-letter; ``PopService`` lists
 those and :meth:`ColdPops.resolve` looks their records up in the tier's index objects.
+A FIFO message is redelivered in place instead (so its message group never overtakes
+itself): when its segment left local disk while it was in flight (or parked behind its
+group), the pop would find no local entry, so the records of those it may deliver again
+are read here first (``PopService.cold_messages``).
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptRecordError
+from ..model import StoredMessage
 from ..system_topics import RETRY_PREFIX
 
 if TYPE_CHECKING:
     from ..message_store import MessageFilter
     from ..pop_service import PopService, ReadAhead
     from .service import TierService
+
+
+CACHE_LIMIT = 4096  # FIFO messages read ahead for redelivery and kept until a pop takes them
 
 
 class ColdPops:
@@ -42,6 +50,8 @@ class ColdPops:
         store = self.tier.store
         for topic, qid in queues:
             c = self.pops.cursor(group, topic, qid, fifo, from_latest)
+            if c.fifo and (c.inflight or c.waiting):
+                await self._fifo_again(group, topic, qid, max_count)
             start = c.next
             if start < store.min_offset(topic, qid):
                 r = await self.tier.get_async(topic, qid, start, max_count, msg_filter)
@@ -49,6 +59,27 @@ class ColdPops:
                     out[(topic, qid)] = (start, r)
             elif topic.startswith(RETRY_PREFIX):
                 out[(topic, qid)] = (start, await self.tier.get_local_async(topic, qid, start, max_count, msg_filter))
+        return out
+
+    async def _fifo_again(self, group: str, topic: str, qid: int, max_count: int) -> None:
+        """Read the FIFO messages this pop may deliver again in place (or after parking) whose
+        queue entries left local disk while they were in flight, so the pop finds them."""
+        store, cache = self.tier.store, self.pops.cold_messages
+        todo = [o for o in self.pops.fifo_due(group, topic, qid, max_count)
+                if (topic, qid, o) not in cache and store.phys_at(topic, qid, o) is None]
+        if not todo:
+            return
+        if len(cache) > CACHE_LIMIT:  # what no pop took (acked meanwhile): read again if needed
+            cache.clear()
+        for m in await self.tier.run_cold(self._read_each, topic, qid, todo):
+            cache[(topic, qid, m.queue_offset)] = m
+
+    def _read_each(self, topic: str, qid: int, offsets: list[int]) -> list[StoredMessage]:
+        out = []
+        for o in offsets:
+            r = self.tier.reader.get(topic, qid, o, 1)
+            if r is not None and r.messages and r.messages[0].queue_offset == o:
+                out.append(r.messages[0])
         return out
 
     async def resolve(self) -> bool:
