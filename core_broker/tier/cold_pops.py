@@ -53,7 +53,11 @@ class ColdPops:
             if c.fifo and (c.inflight or c.waiting):
                 await self._fifo_again(group, topic, qid, max_count)
             start = c.next
-            if start < store.min_offset(topic, qid):
+            # below the local minimum, or an entry whose record retention just deleted (the
+            # queue's minimum passes it lazily; a compacted queue's minimum is exact): only the tier has it
+            if start < store.min_offset(topic, qid) or (
+                    start < store.max_offset(topic, qid) and store.phys_at(topic, qid, start) is None
+                    and (topic, qid) not in store.compaction.gens):
                 r = await self.tier.get_async(topic, qid, start, max_count, msg_filter)
                 if r is not None:
                     out[(topic, qid)] = (start, r)

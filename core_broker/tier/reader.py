@@ -326,6 +326,9 @@ class TierReader:
             return None
         tier_min = ranges[0][0]
         local_min = self.store.min_offset(topic, queue_id)
+        # segments retention deleted: their entries are the tier's even while the local queue's
+        # minimum lags (it moves past them lazily, or just after the segments went)
+        gone = self.store.commitlog.min_offset
         hi = self.store.max_offset(topic, queue_id)
         if offset < tier_min:
             return GetResult(GetStatus.OFFSET_MOVED, [], tier_min, tier_min, hi)
@@ -335,7 +338,8 @@ class TierReader:
         out: list[StoredMessage] = []
         next_off = offset
         for first, end, pos, m in ranges:
-            end = min(end, local_min)  # from the local minimum on, the local queue answers
+            if m.base >= gone:
+                end = min(end, local_min)  # from the local minimum on, the local queue answers
             if next_off >= end:
                 continue
             if next_off < first:  # a hole: segments tier retention removed (other topics kept older ones)
