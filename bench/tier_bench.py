@@ -11,8 +11,9 @@ wheel, over a folder of the run's data dir), 1 KiB messages into one queue, asyn
   put to the last upload confirmed.
 - sequential read throughput of the whole queue from offset 0, 256 messages per get: from
   local disk (``MessageStore.get``, warm page cache), then, after local retention deleted
-  every sealed segment, from the tier (``TierReader.get``: ranged GETs of 1 MiB blocks
-  through the 64 MiB read cache, cold at the start). Floor: tier reads >= 0.5x local reads.
+  every sealed segment, from the tier (``TierReader.get``: ranged GETs of 4 MiB blocks, the
+  default ``tier_read_block_bytes``, through the 64 MiB read cache, cold at the start). Floor:
+  tier reads >= 0.5x local reads.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class StoreConfig:
     # Cold reads (offsets no longer on local disk) run on this many threads of their own, read
     # the tier in blocks of tier_read_block_bytes and keep at most tier_read_cache_bytes of them.
     tier_read_threads: int = 2
-    tier_read_block_bytes: int = 1 << 20
+    tier_read_block_bytes: int = 4 << 20
     tier_read_cache_bytes: int = 64 << 20
     # Compacted topics (core_broker/compaction.py): how often the cleaner looks for a queue whose
     # dirty share passed the ratio, the topics' defaults for the ratio and for how long a delete

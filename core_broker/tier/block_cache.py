@@ -46,6 +46,11 @@ class BlockCache:
             self._fill(key, fetch, fut)  # type: ignore[arg-type]
         return fut.result()  # type: ignore[union-attr]
 
+    def has(self, key: Hashable) -> bool:
+        """``key`` is cached or on its way."""
+        with self._lock:
+            return key in self._blocks or key in self._pending
+
     def prefetch(self, key: Hashable, fetch: Callable[[], bytes], executor: Executor) -> None:
         """Fetch ``key`` on ``executor`` unless it is cached or on its way already."""
         with self._lock:

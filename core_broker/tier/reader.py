@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 Range = tuple[int, int, int, layout.Manifest]  # first offset, end offset, entries' position, manifest
 MAX_SCAN = 4096  # entries one filtered get may skip before answering (as the store's get)
 MAX_SPAN = 8 << 20  # the most segment bytes one get reads
-READ_AHEAD = 4  # blocks fetched in the background past what a get read
+READ_AHEAD = 4  # blocks fetched in the background past what a get read, at most ...
+READ_AHEAD_BYTES = 8 << 20  # ... and at most this many bytes (at least one block): large blocks go fewer ahead
 
 
 class ColdOrigin(Exception):
@@ -68,6 +69,7 @@ class TierReader:
         self.uploader = uploader
         self.cache = BlockCache(cache_bytes)
         self.block_size = block_size
+        self.ahead = max(1, min(READ_AHEAD, READ_AHEAD_BYTES // block_size))  # blocks read ahead
         self.prefetcher = prefetcher  # runs read-ahead GETs
         self.gets = 0  # ranged GETs made (tests, and a metric of cold-read traffic)
         # (uploader version, ranges by queue, segment bases, manifests): replaced whole, so the
@@ -114,14 +116,7 @@ class TierReader:
         if end <= start:
             return b""
         bs = self.block_size
-
-        def fetch(b: int) -> Callable[[], bytes]:
-            def run() -> bytes:
-                self.gets += 1
-                return self.objects.get_range(name, b * bs, min(b * bs + bs, limit))
-
-            return run
-
+        fetch = self._fetcher(name, limit)
         last = (end - 1) // bs
         for b in range(last + 1, min(last + 1 + ahead, (limit - 1) // bs + 1)):
             self.cache.prefetch((m.base, kind, b), fetch(b), self.prefetcher)
@@ -130,6 +125,42 @@ class TierReader:
             block = self.cache.get((m.base, kind, b), fetch(b))
             parts.append(block[max(start - b * bs, 0) : end - b * bs])
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _fetcher(self, name: str, limit: int) -> Callable[[int], Callable[[], bytes]]:
+        """Block number -> the ranged GET of that block of object ``name`` (``limit`` bytes long)."""
+        bs = self.block_size
+
+        def fetch(b: int) -> Callable[[], bytes]:
+            def run() -> bytes:
+                self.gets += 1
+                return self.objects.get_range(name, b * bs, min(b * bs + bs, limit))
+
+            return run
+
+        return fetch
+
+    def _ahead_into(self, nxt: Range) -> None:
+        """A sequential reader nears the end of a queue's segment: fetch, in the background, where
+        its next tier segment starts (the index block with the queue's first entry there, then the
+        blocks from that entry's record on), so it does not wait for two GETs at every segment."""
+        _first, _end, pos, m = nxt
+        bs = self.block_size
+        if self.cache.has((m.base, "index", pos // bs)):
+            return  # asked already
+        seg = layout.segment_key(self.store.store_id, m.base)
+
+        def run() -> None:
+            # index blocks are never read ahead, so this waits for no queued job (no deadlock)
+            phys = ENTRY.unpack(self._read("index", m, pos, pos + ENTRY.size))[0]
+            fetch = self._fetcher(seg, m.size)
+            b = (phys - m.base) // bs
+            for k in range(b, min(b + self.ahead, (m.size - 1) // bs + 1)):
+                self.cache.prefetch((m.base, "segment", k), fetch(k), self.prefetcher)
+
+        try:
+            self.prefetcher.submit(run)
+        except RuntimeError:  # shut down: no read-ahead any more
+            pass
 
     def _manifest_at(self, phys: int) -> layout.Manifest | None:
         _, _, bases, ms = self._current()
@@ -337,7 +368,7 @@ class TierReader:
         budget = max_count if want_all else max(MAX_SCAN, max_count)
         out: list[StoredMessage] = []
         next_off = offset
-        for first, end, pos, m in ranges:
+        for i, (first, end, pos, m) in enumerate(ranges):
             if m.base >= gone:
                 end = min(end, local_min)  # from the local minimum on, the local queue answers
             if next_off >= end:
@@ -357,9 +388,10 @@ class TierReader:
             span_start = entries[0][1]
             limit = span_start + max(MAX_SPAN, entries[0][2])
             entries = entries[: max(1, bisect.bisect_right([p + z for _, p, z, _ in entries], limit))]
-            span = self._read(
-                "segment", m, span_start - m.base, entries[-1][1] + entries[-1][2] - m.base, READ_AHEAD
-            )
+            span_end = entries[-1][1] + entries[-1][2] - m.base
+            span = self._read("segment", m, span_start - m.base, span_end, self.ahead)
+            if i + 1 < len(ranges) and (span_end - 1) // self.block_size + self.ahead >= (m.size - 1) // self.block_size:
+                self._ahead_into(ranges[i + 1])
             for qo, phys, _size, th in entries:
                 next_off = qo + 1
                 budget -= 1
