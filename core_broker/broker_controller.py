@@ -362,8 +362,30 @@ class BrokerController(MessageQueries):
         await self.store.wait_durable(r)
         return version
 
+    async def kv_put_many(self, namespace: str, items: list[tuple[str, bytes | None, int]]) -> None:
+        """Several ``kv_put`` s (key, value or None, the writer's version) in one call and one wait
+        for durability: the journal is one log, so the last entry durable means all are (a group
+        commit of door state: a storm of MQTT CONNECTs writes its sessions this way)."""
+        last = None
+        for key, value, version in items:
+            self._kv_last = max(self._kv_last, version)
+            if version <= self.kv_versions.get(namespace, {}).get(key, -1):
+                continue
+            d = {"n": namespace, "k": key, "v": None if value is None else base64.b64encode(value).decode(),
+                 "ver": version}
+            last = self.journal.append("kv", d)
+            self._apply_kv(d)
+        if last is not None:
+            await self.store.wait_durable(last)
+
     def kv_get(self, namespace: str, key: str) -> bytes | None:
         return self.kv.get(namespace, {}).get(key)
+
+    def kv_get_many_versioned(self, namespace: str, keys: list[str]) -> list[tuple[int, bytes | None]]:
+        """``kv_get_versioned`` of each of ``keys``, in their order."""
+        vers = self.kv_versions.get(namespace, {})
+        vals = self.kv.get(namespace, {})
+        return [(vers.get(k, -1), vals.get(k)) for k in keys]
 
     def kv_get_versioned(self, namespace: str, key: str) -> tuple[int, bytes | None]:
         """(version, value): -1 for an entry never written, value None for a deleted one."""

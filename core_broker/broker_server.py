@@ -38,8 +38,8 @@ REMOTE_METHODS = [
     "ping", "set_perm", "create_topic", "update_topic", "delete_topic", "get_topic", "list_topics",
     "describe_topic", "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
     "commit_offset", "get_offset", "query_offset", "query_by_id", "query_by_key", "kv_put", "kv_get",
-    "kv_items", "kv_get_versioned", "kv_items_versioned", "door_watch", "door_notify", "poll_transaction_checks",
-    "transaction_check_outcome",
+    "kv_items", "kv_get_versioned", "kv_put_many", "kv_get_many_versioned", "kv_items_versioned", "door_watch",
+    "door_notify", "poll_transaction_checks", "transaction_check_outcome",
     "consumer_lag", "store_stats", "group_queues", "reset_offset", "repl_hello", "repl_fetch", "repl_state",
     "read_table", "compact_topic", "seal_queue", "consumed_offset",
 ]
@@ -355,6 +355,12 @@ class BrokerServer:
 
     def kv_get(self, namespace, key):
         return self.controller.kv_get(namespace, key)
+
+    async def kv_put_many(self, namespace, items):
+        await self.controller.kv_put_many(namespace, [(k, v, ver) for k, v, ver in items])
+
+    def kv_get_many_versioned(self, namespace, keys):
+        return [list(a) for a in self.controller.kv_get_many_versioned(namespace, keys)]
 
     def kv_items(self, namespace):
         return self.controller.kv_items(namespace)

@@ -40,6 +40,7 @@ from .api import (
 from .auth import Action, AllowAll, Authorizer, ForbiddenError, Resource, UnauthorizedError
 from .broker_client import BrokerClient, TopicRoute
 from .context import RequestContext
+from .door_state import DoorStateCalls
 from .door_watch import DoorWatchCalls
 from .metrics import Metrics
 from .namespace import namespaced_calls
@@ -61,7 +62,7 @@ _PUB, _SUB, _TOPIC, _GROUP = Action.PUBLISH, Action.SUBSCRIBE, Resource.TOPIC, R
 
 
 @namespaced_calls
-class MessagingProcessor(AdminCalls, ColumnarCalls, DoorWatchCalls, TraceCalls):
+class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCalls, TraceCalls):
     """The processor API (gateway/api.py :class:`MessagingAPI`) over a broker client.
 
     Namespaces are applied to every call of the API by the class decorator
@@ -750,25 +751,6 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorWatchCalls, TraceCalls):
     ) -> list[StoredMessage]:
         self._check(ctx, _SUB, _TOPIC, topic)
         return await self.broker.query_by_key(topic, key, begin_ms, end_ms, max_count)
-
-    # ------------------------------------------------------------------ durable door state
-
-    async def kv_put(self, ctx: RequestContext, namespace: str, key: str, value: bytes | None) -> None:
-        """Durable small state for a door (sessions, retained messages, exchanges, bindings...).
-
-        Doors keep only connection state themselves; what must survive a restart is
-        written here and lives in the broker's journal and snapshot.
-        """
-        self._check(ctx, Action.ADMIN, Resource.DOOR_STATE, namespace)
-        await self.broker.kv_put(namespace, key, value)
-
-    async def kv_get(self, ctx: RequestContext, namespace: str, key: str) -> bytes | None:
-        self._check(ctx, Action.ADMIN, Resource.DOOR_STATE, namespace)
-        return await self.broker.kv_get(namespace, key)
-
-    async def kv_items(self, ctx: RequestContext, namespace: str) -> dict[str, bytes]:
-        self._check(ctx, Action.ADMIN, Resource.DOOR_STATE, namespace)
-        return await self.broker.kv_items(namespace)
 
     # ------------------------------------------------------------------ observability
 

@@ -615,6 +615,21 @@ class RemoteBrokerClient:
             self._kv_repair([b for b, a in answers if a[0] < best_v], namespace, key, best_v, best)
         return best
 
+    async def kv_put_many(self, namespace: str, items: dict[str, bytes | None]) -> None:
+        """Several writes, one call per broker (each its own version, in ``items`` order)."""
+        await self._kv_fanout("kv_put_many", namespace, [[k, v, self._kv_version()] for k, v in items.items()])
+
+    async def kv_get_many(self, namespace: str, keys: list[str]) -> dict[str, bytes | None]:
+        """``kv_get`` of each of ``keys``, one call per broker (read repair as there)."""
+        answers = await self._kv_fanout("kv_get_many_versioned", namespace, keys)
+        out: dict[str, bytes | None] = {}
+        for i, k in enumerate(keys):
+            best_v, best = max((a[i] for _, a in answers), key=lambda a: a[0])
+            if best_v >= 0:
+                self._kv_repair([b for b, a in answers if a[i][0] < best_v], namespace, k, best_v, best)
+            out[k] = best
+        return out
+
     async def kv_items(self, namespace: str) -> dict[str, bytes]:
         answers = await self._kv_fanout("kv_items_versioned", namespace)
         merged: dict[str, tuple[int, bytes | None]] = {}

@@ -312,6 +312,40 @@ def test_connection_storm_over_two_gateways(cluster: Cluster) -> None:
     assert got == {f"storm-{i}": f"first-{i}".encode() for i in range(n)}
 
 
+async def _connack(port: int, cid: str, connects: asyncio.Semaphore) -> tuple[bool, asyncio.StreamWriter]:
+    """CONNECT (3.1.1, clean session 0): whether the session was present, and the open writer."""
+    async with connects:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(C.encode(C.Connect(cid, clean_start=False, keepalive=300), C.MQTT_311))
+        dec = C.Decoder(server_side=False, version=C.MQTT_311)
+        pkts: list[C.Packet] = []
+        while not pkts:
+            data = await asyncio.wait_for(r.read(64), 120)
+            assert data, f"{cid}: closed before its CONNACK"
+            pkts = dec.feed(data)
+        ack = pkts[0]
+        assert isinstance(ack, C.Connack) and ack.reason_code == 0, (cid, ack)
+        return ack.session_present, w
+
+
+def test_connection_storm_every_session_is_kept_and_moves_to_the_other_gateway(cluster: Cluster) -> None:
+    """3,000 persistent sessions CONNECT at once over two gateways (their records written in
+    batches): every one is accepted as new; after they all went away, every one CONNECTs again
+    through the other gateway and finds its session there."""
+    n = 3000
+    ports = [_port(g) for g in cluster.gateways]
+
+    async def round_(shift: int) -> list[bool]:
+        connects = asyncio.Semaphore(500)
+        got = await asyncio.gather(*(_connack(ports[(i + shift) % 2], f"burst-{i}", connects) for i in range(n)))
+        for _, w in got:
+            w.close()
+        return [present for present, _ in got]
+
+    assert asyncio.run(round_(0)) == [False] * n
+    assert asyncio.run(round_(1)) == [True] * n
+
+
 def test_sigkill_of_a_gateway_its_devices_move_to_another(cluster: Cluster) -> None:
     a, _ = cluster.gateways
     doomed = cluster._spawn_gateway()

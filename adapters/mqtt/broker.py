@@ -698,7 +698,6 @@ class MQTTBroker:
             return
         self.fleet.new_owner(s)
         conn.attach(s, pkt)
-        # CONNACK
         cprops: dict[str, Any] = {}
         if v5:
             if assigned:
@@ -714,12 +713,25 @@ class MQTTBroker:
             cprops["shared_subscription_available"] = 1
             if cfg.server_keepalive or conn.keepalive != pkt.keepalive:
                 cprops["server_keep_alive"] = conn.keepalive
-        conn.send(encode(C.Connack(present, 0, cprops), pkt.protocol_level))
+        connack = encode(C.Connack(present, 0, cprops), pkt.protocol_level)
         self.connections.add(conn)
         self.processor.metrics.inc("connections", "mqtt")
         if s.persistent:
+            # CONNACK once the record naming this gateway as the online owner is durable (written
+            # in a batch with other CONNECTs' records: session_store.py); meanwhile the session is
+            # attached and what is sent to it waits behind the CONNACK
             s.disconnected_at = 0
-            await self.session_store.save(s)
+            conn.hold()
+            try:
+                await self.session_store.save(s)
+            except (UnimqError, OSError) as e:
+                log.warning("mqtt: session %r could not be stored, CONNECT refused: %s", cid, e)
+                conn.refuse(C.RC_SERVER_UNAVAILABLE, "the session could not be stored")
+                conn.lost()
+                return
+            if conn.closed:
+                return
+        conn.send_first(connack)
         # resume: PUBRELs, then unacknowledged PUBLISHes with DUP, then the queues
         for pid in sorted(s.pubrel):
             conn.send(encode(C.PubRel(pid), conn.version))

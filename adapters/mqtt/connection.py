@@ -69,7 +69,7 @@ class Connection:
                  "session", "will", "publish_will", "proto", "closed", "connected", "writable", "window",
                  "problem_info", "keepalive", "last_rx", "alias_in", "alias_out", "alias_out_max", "max_out_packet",
                  "inbox", "_worker", "_wbuf", "_wsize", "_flush_scheduled", "_paused", "_freed", "_timer", "loop",
-                 "lease", "meter", "_held")
+                 "lease", "meter", "_held", "_connack_held")
 
     def __init__(self, broker: MQTTBroker, transport: Any, peer: str) -> None:
         self.broker = broker
@@ -106,6 +106,7 @@ class Connection:
         self._paused = False
         self._freed = False  # acknowledgements freed window room during this inbox run
         self._timer: asyncio.TimerHandle | None = None
+        self._connack_held = False  # writes wait for the CONNACK (see hold)
         self.loop = asyncio.get_running_loop()
         self._timer = self.loop.call_later(broker.config.connect_timeout_s, self._connect_timeout)
         self.lease: Lease | None = None  # a connection slot of its user and client id (gateway.access.traffic)
@@ -207,9 +208,21 @@ class Connection:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def hold(self) -> None:
+        """Keep what is sent from now on until :meth:`send_first` (a session is attached, its
+        CONNACK waits for its record to be stored, and a delivery must not come first)."""
+        self._connack_held = True
+
+    def send_first(self, data: bytes) -> None:
+        """Send ``data`` (the CONNACK) before whatever was kept since :meth:`hold`, and the rest."""
+        self._connack_held = False
+        self._wbuf.insert(0, data)
+        self._wsize += len(data)
+        self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._wbuf and not self.closed:
+        if self._wbuf and not self.closed and not self._connack_held:
             data = b"".join(self._wbuf) if len(self._wbuf) > 1 else self._wbuf[0]
             self._wbuf = []
             self._wsize = 0
@@ -238,6 +251,10 @@ class Connection:
 
     def refuse(self, code: int, message: str) -> None:
         """Answer a CONNECT with a failure CONNACK and close."""
+        if self._connack_held:  # nothing kept goes before (or instead of) the CONNACK
+            self._connack_held = False
+            self._wbuf.clear()
+            self._wsize = 0
         if self.version == C.MQTT_5:
             props = {"reason_string": message} if self.problem_info else None
             self.send(encode(C.Connack(False, code, props), C.MQTT_5))

@@ -71,6 +71,9 @@ class Fleet:
         self.broker = broker
         self.processor = broker.processor
         self.gid = uuid.uuid4().hex[:16]
+        # how this gateway's own session records look (Session.to_json: "h" last): the feed brings
+        # them back, and they are told apart without parsing them
+        self._own = f'"o":"{self.gid}"'.encode()
         # the brokers' door-state feed (MessagingProcessor offers it; a remote processor over
         # the gateway RPC does not: its door then stays on its own)
         self.feed = self.processor.door_feed()
@@ -176,6 +179,8 @@ class Fleet:
             if s is not None and not self.owns(s):
                 self.broker.drop_copy(s)
             return
+        if raw.endswith(b',"h":0}') and self._own in raw:
+            return  # this gateway's own write coming back (not a release to it: "h" is 0)
         try:
             d = json.loads(raw)
             owner, epoch, handed = d.get("o"), int(d.get("g", 0)), int(d.get("h", 0))
@@ -191,23 +196,25 @@ class Fleet:
             if epoch >= s.epoch:  # claimed by another gateway
                 self.broker.spawn(self._release(s, owner, epoch))
             return
-        self._copy(key, raw)
+        self._copy(key, d)
 
-    def _copy(self, cid: str, raw: bytes) -> None:
-        """Replace the routing copy of a session another gateway owns."""
-        s = self._replace(cid, raw)
+    def _copy(self, cid: str, d: Any) -> None:
+        """Replace the routing copy of a session another gateway owns (``d``: its parsed record)."""
+        s = self._replace(cid, d)
         if s is not None:
             self.broker.adopt(s)
 
-    def _replace(self, cid: str, raw: bytes) -> Session | None:
-        """Forget ``cid``'s session here (nothing stored is touched) and read it from ``raw``
-        (None: unreadable, the client starts anew)."""
+    def _replace(self, cid: str, record: Any) -> Session | None:
+        """Forget ``cid``'s session here (nothing stored is touched) and read it from ``record``
+        (bytes, or the record parsed; None: unreadable, the client starts anew)."""
         old = self.broker.sessions.get(cid)
         if old is not None:
             self.broker.drop_copy(old)
         try:
-            return Session.from_json(cid, raw)[0]
-        except (ValueError, KeyError, TypeError, MQTTProtocolError):
+            if isinstance(record, bytes):
+                return Session.from_json(cid, record)[0]
+            return Session.from_dict(cid, record)[0]
+        except (ValueError, KeyError, TypeError, AttributeError, MQTTProtocolError):
             return None
 
     def owns(self, s: Session) -> bool:
@@ -248,7 +255,7 @@ class Fleet:
             return  # nothing to continue; a session stored elsewhere would have a copy here
         if s is not None and self.owns(s):
             return  # held here (a takeover here is the one-gateway path)
-        raw = await self.processor.kv_get(b.ctx, KV_SESSIONS, cid)
+        raw = await b.session_store.read(cid)
         if raw is None:
             if s is not None:
                 b.drop_copy(s)
@@ -270,7 +277,7 @@ class Fleet:
             except TimeoutError:
                 log.warning("mqtt: gateway %s did not release session %r within %.1fs: taking it as stored",
                             owner, cid, self.timeout_s)
-                raw = await self.processor.kv_get(b.ctx, KV_SESSIONS, cid) or raw
+                raw = await b.session_store.read(cid) or raw
             finally:
                 self._claims.pop((cid, epoch), None)
         s = self._replace(cid, raw)

@@ -157,7 +157,11 @@ class Session:
     def from_json(cls, client_id: str, raw: bytes) -> tuple["Session", dict[str, list[str]]]:
         """A session saved by :meth:`to_json`, and its lanes (LMQ -> brokers). Raises ValueError,
         KeyError, TypeError or MQTTProtocolError for a record it cannot read."""
-        d = json.loads(raw)
+        return cls.from_dict(client_id, json.loads(raw))
+
+    @classmethod
+    def from_dict(cls, client_id: str, d: Any) -> tuple["Session", dict[str, list[str]]]:
+        """:meth:`from_json` of a record already parsed (the fleet's feed reads each once)."""
         s = cls(client_id, d["v"], d["e"])
         s.lmq_seq = d["n"]
         s.disconnected_at = d["d"] or int(time.time() * 1000)

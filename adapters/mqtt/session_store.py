@@ -4,6 +4,9 @@ What outlives a connection (clean session 0 / session expiry > 0) is small and
 written through the processor's durable key-value store (namespace
 ``mqtt.sessions``, one record per client id: see ``session.py`` for what it
 holds and why); the messages themselves stay in the store, in the sessions' LMQs.
+Records are written and read in batches (``gateway/kv_batch.py``: a storm of
+CONNECTs makes one call per broker per batch, not one per device); a record is
+rendered when its batch is sent, so it carries the session's newest state.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Callable
 
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
+from gateway.kv_batch import SKIP, KvBatcher
 
 from .codec import MQTTProtocolError
 from .session import SESSION_NEVER_EXPIRES, Session
@@ -29,13 +33,14 @@ KV_SESSIONS = "mqtt.sessions"
 class SessionStore:
     """Client id -> session, with the durable record of each persistent one."""
 
-    __slots__ = ("processor", "ctx", "sessions", "gid")
+    __slots__ = ("processor", "ctx", "sessions", "gid", "batch")
 
     def __init__(self, processor: MessagingAPI, ctx: RequestContext) -> None:
         self.processor = processor
         self.ctx = ctx
         self.sessions: dict[str, Session] = {}
         self.gid: str | None = None  # this gateway's id among several (fleet.py); None: alone
+        self.batch = KvBatcher(processor, ctx, KV_SESSIONS)
 
     async def load(self) -> list[tuple[Session, dict[str, list[str]]]]:
         """Read back the persistent sessions saved before a restart, with their saved lanes
@@ -53,13 +58,22 @@ class SessionStore:
             out.append((s, lanes))
         return out
 
+    def _current(self, s: Session) -> bool:
+        """Is ``s`` a persistent session this gateway holds (its record is written here)?"""
+        return s.persistent and self.sessions.get(s.client_id) is s and (s.owner is None or s.owner == self.gid)
+
     async def save(self, s: Session) -> None:
-        """Write ``s``'s record (a persistent session still current only)."""
-        if s.persistent and self.sessions.get(s.client_id) is s and (s.owner is None or s.owner == self.gid):
-            await self.processor.kv_put(self.ctx, KV_SESSIONS, s.client_id, s.to_json())
+        """Write ``s``'s record (a persistent session still current only); returns once it is
+        durable, holding the session's state as of some moment after the call."""
+        if self._current(s):
+            await asyncio.shield(self.batch.write(s.client_id, lambda: s.to_json() if self._current(s) else SKIP))
 
     async def delete(self, client_id: str) -> None:
-        await self.processor.kv_put(self.ctx, KV_SESSIONS, client_id, None)
+        await asyncio.shield(self.batch.write(client_id, _deleted))
+
+    async def read(self, client_id: str) -> bytes | None:
+        """``client_id``'s record as the brokers hold it (after this gateway's own writes of it)."""
+        return await self.batch.read(client_id)
 
     def remove(self, s: Session) -> None:
         """Take ``s`` out *now* (a CONNECT that replaces it must not find it any more)."""
@@ -79,3 +93,7 @@ class SessionStore:
             return
         left = s.disconnected_at / 1000 + s.expiry - time.time()
         s.expiry_handle = asyncio.get_running_loop().call_later(max(left, 0), expire, s)
+
+
+def _deleted() -> None:
+    return None

@@ -1,0 +1,146 @@
+"""Group commit of door state: many keys' writes (and reads) in one processor call.
+
+Why: a fleet of devices reconnects at once after a network blip, and every MQTT
+CONNECT with a persistent session reads its record (is it held elsewhere?) and
+writes it (owner, online). One ``kv_put`` per CONNECT is one call per broker per
+device, each with its own frame, task and journal wait; at thousands a second the
+calls, not the bytes, are the cost. Here every write (and read) asked while one is
+on its way joins the next batch, sent as one ``kv_put_many`` (``kv_get_many``): one
+call per broker and one wait for durability for all of them - the store's own group
+commit, one level up. No timer: a lone write goes at once; under a storm batches
+grow with the load.
+
+Rules:
+
+- A write's value is *rendered* when its batch is sent (the newest state, not the
+  state when asked), and a key written again before that is written once, in its
+  newest form; every caller of it is answered when that write is durable (or gets
+  its error). A render may return :data:`SKIP` (nothing to write any more: the
+  record moved to another owner meanwhile).
+- One batch of writes is on its way at a time, so writes of one key reach the
+  brokers in the order they were asked (and their versions grow in that order).
+- A read of a key with a write queued or on its way here waits for that write
+  first: a gateway reads its own writes.
+
+Hand-written: the batching is twenty lines around the processor's two calls, and the
+rules above are door-state specific.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+from .api import MessagingAPI
+from .context import RequestContext
+
+__all__ = ["KvBatcher", "SKIP", "MAX_BATCH"]
+
+SKIP: Any = object()  # a render's "nothing to write"
+MAX_BATCH = 1024  # keys per call: bounds a frame (and one broker's pause) under any storm
+
+Render = Callable[[], Any]  # -> bytes (the value), None (delete) or SKIP
+
+
+class KvBatcher:
+    """Batched ``kv_put`` / ``kv_get`` of one door-state namespace (see the module doc)."""
+
+    __slots__ = ("processor", "ctx", "namespace", "_writes", "_sending", "_reads", "_writer", "_reader",
+                 "batches", "keys_written")
+
+    def __init__(self, processor: MessagingAPI, ctx: RequestContext, namespace: str) -> None:
+        self.processor = processor
+        self.ctx = ctx
+        self.namespace = namespace
+        self._writes: dict[str, tuple[Render, asyncio.Future[None]]] = {}  # queued, in order asked
+        self._sending: dict[str, asyncio.Future[None]] = {}  # the batch on its way
+        self._reads: dict[str, asyncio.Future[bytes | None]] = {}
+        self._writer: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.batches = 0  # write calls made (tests and metrics: how well writes were grouped)
+        self.keys_written = 0
+
+    def write(self, key: str, render: Render) -> asyncio.Future[None]:
+        """Queue a write of ``key`` (its value from ``render()`` when sent); the future is done
+        when it is durable. Await it through ``asyncio.shield``: it may be shared."""
+        w = self._writes.get(key)
+        if w is not None:
+            self._writes[key] = (render, w[1])  # written once, in its newest form
+            return w[1]
+        f: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._writes[key] = (render, f)
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+        return f
+
+    async def read(self, key: str) -> bytes | None:
+        """``key``'s value as the brokers hold it, after this gateway's own writes of it."""
+        w = self._writes.get(key)
+        pending = w[1] if w is not None else self._sending.get(key)
+        if pending is not None:
+            try:
+                await asyncio.shield(pending)
+            except Exception:  # failed: the brokers hold what they hold
+                pass
+        f = self._reads.get(key)
+        if f is None:
+            f = self._reads[key] = asyncio.get_running_loop().create_future()
+            if self._reader is None:
+                self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        return await asyncio.shield(f)
+
+    async def _write_loop(self) -> None:
+        try:
+            while self._writes:
+                keys = list(self._writes)[:MAX_BATCH]
+                items: dict[str, bytes | None] = {}
+                for key in keys:
+                    render, f = self._writes.pop(key)
+                    try:
+                        value = render()
+                    except Exception as e:  # that record only
+                        if not f.done():
+                            f.set_exception(e)
+                        continue
+                    if value is SKIP:
+                        if not f.done():
+                            f.set_result(None)
+                        continue
+                    items[key] = value
+                    self._sending[key] = f
+                if not items:
+                    continue
+                self.batches += 1
+                self.keys_written += len(items)
+                try:
+                    await self.processor.kv_put_many(self.ctx, self.namespace, items)
+                except Exception as e:
+                    for f in self._sending.values():
+                        if not f.done():
+                            f.set_exception(e)
+                else:
+                    for f in self._sending.values():
+                        if not f.done():
+                            f.set_result(None)
+                finally:
+                    self._sending.clear()
+        finally:
+            self._writer = None
+
+    async def _read_loop(self) -> None:
+        try:
+            while self._reads:
+                keys = list(self._reads)[:MAX_BATCH]
+                futures = [self._reads.pop(k) for k in keys]
+                try:
+                    values = await self.processor.kv_get_many(self.ctx, self.namespace, keys)
+                except Exception as e:
+                    for f in futures:
+                        if not f.done():
+                            f.set_exception(e)
+                    continue
+                for k, f in zip(keys, futures):
+                    if not f.done():
+                        f.set_result(values.get(k))
+        finally:
+            self._reader = None
