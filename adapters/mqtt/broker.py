@@ -68,7 +68,7 @@ from .mapping import (
 from .passwords import Credentials
 from .retained import RetainedStore
 from .routing import Plan, Routing, SharedGroup, member_sub_ids
-from .session import SESSION_NEVER_EXPIRES, Session, Subscription
+from .session import NONE, SESSION_NEVER_EXPIRES, Session, Subscription
 from .session_store import SessionStore
 from .shared import SharedDelivery
 from .sys_topics import Counters, SysTopics
@@ -254,7 +254,7 @@ class MQTTBroker:
         for key in list(s.cursors):
             self.delivery.drop_lane(s, key)
         s.pending.clear()
-        s.dirty.clear()
+        s.dirty = NONE
 
     async def end_session(self, s: Session) -> None:
         """Discard a session: subscriptions, LMQs, durable record, shared in-flight messages."""
@@ -275,7 +275,7 @@ class MQTTBroker:
         for key in list(s.cursors):
             self.delivery.drop_lane(s, key)
         s.pending.clear()
-        s.dirty.clear()
+        s.dirty = NONE
 
         async def cleanup() -> None:
             for f in shared:
@@ -775,7 +775,10 @@ class MQTTBroker:
             self.spawn(self.forget_session(s))
         else:
             self.session_store.arm_expiry(s, self._expire)
-            self.spawn(self._save_offline(s))
+            if s.dirty:
+                self.spawn(self._save_offline(s))
+            else:  # no floor to commit first: the record joins the next batch, no task of its own
+                self.session_store.save_soon(s)
 
     async def _save_offline(self, s: Session) -> None:
         """A persistent session went offline: its acknowledged floors first, then its record, so

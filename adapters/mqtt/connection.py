@@ -26,7 +26,7 @@ from . import codec as C
 from .codec import Decoder, MQTTProtocolError, encode, encode_properties, encode_publish
 from .config import MQTTConfig
 from .mapping import Outgoing, now_ms
-from .session import Inflight, Session
+from .session import NONE, Inflight, Session
 from .state import ACCEPT, CLOSE, LOST, ConnectionState
 
 if TYPE_CHECKING:
@@ -94,11 +94,12 @@ class Connection:
         self.problem_info = True
         self.keepalive = 0
         self.last_rx = time.monotonic()
-        self.alias_in: dict[int, str] = {}
-        self.alias_out: dict[str, int] = {}
+        # v5 topic aliases, made when first used (None: none yet; most connections never have any)
+        self.alias_in: dict[int, str] | None = None
+        self.alias_out: dict[str, int] | None = None
         self.alias_out_max = 0
         self.max_out_packet = 0
-        self.inbox: deque[Any] = deque()
+        self.inbox: deque[Any] | None = None  # packets waiting for the worker (None while there are none)
         self._worker: asyncio.Task[None] | None = None
         self._wbuf: list[bytes] = []
         self._wsize = 0
@@ -151,10 +152,17 @@ class Connection:
                             self.delivery.wake(self.session)
                     pkts = pkts[i:]
             if pkts:
-                self.inbox.extend(pkts)
+                if self.inbox is None:
+                    self.inbox = deque(pkts)
+                else:
+                    self.inbox.extend(pkts)
         if err is not None:
+            if self.inbox is None:
+                self.inbox = deque()
             self.inbox.append(err)
-        if self.inbox and self._worker is None:
+        if not self.inbox:
+            return
+        if self._worker is None:
             self._worker = self.loop.create_task(self._work())
         if len(self.inbox) > 4096 and not self._paused:
             self._paused = True
@@ -299,14 +307,15 @@ class Connection:
                     props["message_expiry_interval"] = max(0, (out.expiry_at - now_ms() + 999) // 1000)
                 if sub_ids:
                     props["subscription_identifier"] = sub_ids
-                if self.alias_out_max:
-                    alias = self.alias_out.get(out.topic)
+                aliases = self.alias_out  # made in attach when the client takes aliases
+                if aliases is not None:
+                    alias = aliases.get(out.topic)
                     if alias is not None:
                         tb = b""
                         props["topic_alias"] = alias
-                    elif len(self.alias_out) < self.alias_out_max:
-                        alias = len(self.alias_out) + 1
-                        self.alias_out[out.topic] = alias
+                    elif len(aliases) < self.alias_out_max:
+                        alias = len(aliases) + 1
+                        aliases[out.topic] = alias
                         props["topic_alias"] = alias
                 pb = encode_properties(props)
             else:
@@ -358,6 +367,8 @@ class Connection:
             self.window = min(cfg.max_inflight, props.get("receive_maximum", 65535))
             self.alias_out_max = min(props.get("topic_alias_maximum", 0), 65535)
             self.max_out_packet = props.get("maximum_packet_size", 0)
+            if self.alias_out_max:
+                self.alias_out = {}
         self.keepalive = ka
         if self._timer is not None:
             self._timer.cancel()
@@ -367,6 +378,7 @@ class Connection:
 
     async def _work(self) -> None:
         inbox = self.inbox
+        assert inbox is not None  # a worker starts for packets waiting
         try:
             while inbox and not self.closed:
                 pkt = inbox.popleft()
@@ -398,6 +410,8 @@ class Connection:
             self.lost()
         finally:
             self._worker = None
+            if not inbox and self.inbox is inbox:
+                self.inbox = None  # an idle connection keeps no deque (768 bytes)
 
     def _protocol_error(self, e: MQTTProtocolError) -> None:
         """Close this connection only, with the reason code where the protocol has one.
@@ -440,7 +454,9 @@ class Connection:
             if f is not None and f.qos == 2:
                 del s.inflight[pkt.packet_id]
                 if pkt.reason_code < 0x80:
-                    s.pubrel.add(pkt.packet_id)
+                    if s.pubrel is NONE:
+                        s.pubrel = set()
+                    s.pubrel.add(pkt.packet_id)  # type: ignore[union-attr]
                     if s.persistent:  # the PUBREL to send outlives a restart (see session.py)
                         await b.session_store.save(s)
                     self.delivery.acked(s, f)
@@ -454,11 +470,11 @@ class Connection:
                 self.send(encode(C.PubRel(pkt.packet_id, C.RC_PACKET_ID_NOT_FOUND), self.version))
         elif t == C.PUBCOMP:
             if pkt.packet_id in s.pubrel:
-                s.pubrel.discard(pkt.packet_id)
+                s.pubrel.discard(pkt.packet_id)  # type: ignore[union-attr]  # (held: a set)
                 self._freed = True
         elif t == C.PUBREL:
             if pkt.packet_id in s.qos2_in:
-                s.qos2_in.discard(pkt.packet_id)
+                s.qos2_in.discard(pkt.packet_id)  # type: ignore[union-attr]  # (held: a set)
                 if s.persistent:  # released before PUBCOMP: the id may be reused right after
                     await b.session_store.save(s)
                 self.send(encode(C.PubComp(pkt.packet_id), self.version))
@@ -553,9 +569,11 @@ class Connection:
                         err = MQTTProtocolError(C.RC_TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
                         break
                     if topic:
+                        if self.alias_in is None:
+                            self.alias_in = {}
                         self.alias_in[alias] = topic
                     else:
-                        topic = self.alias_in.get(alias)  # type: ignore[assignment]
+                        topic = self.alias_in.get(alias) if self.alias_in else None  # type: ignore[assignment]
                         if topic is None:
                             err = MQTTProtocolError(C.RC_PROTOCOL_ERROR, f"unknown topic alias {alias}")
                             break
@@ -671,7 +689,9 @@ class Connection:
                 out.append(encode(C.PubAck(p.packet_id, code), version) if code else _PUBACK(0x40, 2, p.packet_id))
             else:
                 if code < 0x80:
-                    s.qos2_in.add(p.packet_id)
+                    if s.qos2_in is NONE:
+                        s.qos2_in = set()
+                    s.qos2_in.add(p.packet_id)  # type: ignore[union-attr]
                     qos2_stored = True
                 out.append(encode(C.PubRec(p.packet_id, code), version))
         if qos2_stored and s.persistent:

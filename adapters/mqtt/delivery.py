@@ -28,7 +28,7 @@ from . import codec as C
 from .codec import encode_publish
 from .config import MQTTConfig
 from .mapping import Outgoing, now_ms, outgoing_from_stored
-from .session import Cursor, Inflight, Session, Subscription
+from .session import NONE, Cursor, Inflight, Session, Subscription
 from .sys_topics import Counters
 from .tracing import acked as trace_acked, delivered as trace_delivered, mark_read as trace_mark_read
 
@@ -99,7 +99,9 @@ class Delivery:
 
     def dirty(self, s: Session, lanes: Any = None) -> None:
         """``s``'s lanes (all of them without ``lanes``) have a floor to commit."""
-        s.dirty.update(s.cursors if lanes is None else lanes)
+        if s.dirty is NONE:
+            s.dirty = set()
+        s.dirty.update(s.cursors if lanes is None else lanes)  # type: ignore[union-attr]
         if not self._dirty_sessions:
             self._dirty_wake.set()
         self._dirty_sessions.add(s)
@@ -162,7 +164,7 @@ class Delivery:
     async def commit_offsets(self) -> None:
         sessions, self._dirty_sessions = self._dirty_sessions, set()
         for s in sessions:
-            dirty, s.dirty = s.dirty, set()
+            dirty, s.dirty = s.dirty, NONE
             for key in dirty:
                 cur = s.cursors.get(key)
                 if cur is None:
@@ -178,7 +180,8 @@ class Delivery:
             self._mem_clear(cur)
         s.runs.pop(key[0], None)
         s.pending.pop(key, None)
-        s.dirty.discard(key)
+        if key in s.dirty:
+            s.dirty.discard(key)  # type: ignore[union-attr]
 
     async def delete_lmq(self, lmq: str) -> None:
         try:
@@ -278,7 +281,10 @@ class Delivery:
 
     def _deliver_lmq(self, s: Session, conn: Connection, sub: Subscription | None, cur: Cursor,
                      lmq: tuple[str, str], off: int, out: Outgoing) -> None:
-        s.dirty.add(lmq)
+        d = s.dirty
+        if d is NONE:
+            d = s.dirty = set()
+        d.add(lmq)  # type: ignore[union-attr]
         if not self._dirty_sessions:
             self._dirty_wake.set()
         self._dirty_sessions.add(s)
@@ -439,7 +445,10 @@ class Delivery:
             cur = s.cursors.get(f.lmq)
             if cur is not None:
                 cur.settle(f.offset)
-                s.dirty.add(f.lmq)
+                d = s.dirty
+                if d is NONE:
+                    d = s.dirty = set()
+                d.add(f.lmq)  # type: ignore[union-attr]
                 if not self._dirty_sessions:
                     self._dirty_wake.set()
                 self._dirty_sessions.add(s)

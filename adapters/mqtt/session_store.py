@@ -66,7 +66,16 @@ class SessionStore:
         """Write ``s``'s record (a persistent session still current only); returns once it is
         durable, holding the session's state as of some moment after the call."""
         if self._current(s):
-            await asyncio.shield(self.batch.write(s.client_id, lambda: s.to_json() if self._current(s) else SKIP))
+            await asyncio.shield(self._write(s))
+
+    def save_soon(self, s: Session) -> None:
+        """:meth:`save` for a caller that does not wait (a failure is logged)."""
+        if self._current(s):
+            self._write(s).add_done_callback(_log_failure)
+
+    def _write(self, s: Session) -> "asyncio.Future[None]":
+        # rendered when its batch leaves: the newest state, unless the session moved meanwhile
+        return self.batch.write(s.client_id, lambda: s.to_json() if self._current(s) else SKIP)
 
     async def delete(self, client_id: str) -> None:
         await asyncio.shield(self.batch.write(client_id, _deleted))
@@ -97,3 +106,8 @@ class SessionStore:
 
 def _deleted() -> None:
     return None
+
+
+def _log_failure(f: "asyncio.Future[None]") -> None:
+    if not f.cancelled() and f.exception() is not None:
+        log.warning("mqtt: a session record could not be stored: %s", f.exception())
