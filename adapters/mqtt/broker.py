@@ -234,6 +234,15 @@ class MQTTBroker:
         if not s.online:
             self.session_store.arm_expiry(s, self._expire)
 
+    def copy_refreshed(self, s: Session) -> None:
+        """A routing copy's record changed in place (fleet.py): its expiry is armed while it is
+        offline at its owner, as :meth:`adopt` arms it."""
+        if not s.online:
+            self.session_store.arm_expiry(s, self._expire)
+        elif s.expiry_handle is not None:
+            s.expiry_handle.cancel()
+            s.expiry_handle = None
+
     async def adopt_owned(self, s: Session, brokers: list[str]) -> None:
         """Take in a session this gateway now owns, as stored by its last owner: every broker's
         lane of each subscription is read from its committed floor."""

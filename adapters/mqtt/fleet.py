@@ -199,7 +199,20 @@ class Fleet:
         self._copy(key, d)
 
     def _copy(self, cid: str, d: Any) -> None:
-        """Replace the routing copy of a session another gateway owns (``d``: its parsed record)."""
+        """Replace the routing copy of a session another gateway owns (``d``: its parsed record);
+        one whose subscriptions did not change (it went online or offline there) is updated in
+        place, keeping its routing entries."""
+        old = self.broker.sessions.get(cid)
+        if old is not None and not self.owns(old):
+            try:
+                same = d["s"] == [sub.to_json() for sub in old.subs.values()]
+                if same:
+                    old.take_state(d)
+            except (ValueError, KeyError, TypeError, AttributeError, MQTTProtocolError):
+                same = False
+            if same:
+                self.broker.copy_refreshed(old)
+                return
         s = self._replace(cid, d)
         if s is not None:
             self.broker.adopt(s)

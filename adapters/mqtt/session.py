@@ -166,20 +166,26 @@ class Session:
     def from_dict(cls, client_id: str, d: Any) -> tuple["Session", dict[str, list[str]]]:
         """:meth:`from_json` of a record already parsed (the fleet's feed reads each once)."""
         s = cls(client_id, d["v"], d["e"])
-        s.lmq_seq = d["n"]
-        s.disconnected_at = d["d"] or int(time.time() * 1000)
-        s.qos2_in = {int(pid) for pid in d.get("q", ()) if 0 < int(pid) < 65536} or NONE
-        s.pubrel = {int(pid) for pid in d.get("r", ()) if 0 < int(pid) < 65536} or NONE
-        s.username = d.get("u")
-        s.owner = d.get("o")
-        s.epoch = int(d.get("g", 0))
-        s.online = not d["d"]
+        s.take_state(d)
         for key, qos, nl, rap, rh, sid, lmq in d["s"]:
             group, flt = parse_shared(key)
             s.subs[key] = Subscription(flt, qos, s, no_local=bool(nl), rap=bool(rap), rh=rh, sub_id=sid, lmq=lmq,
                                        group=group)
         lanes = d.get("l") or {}  # none in the format before lanes
         return s, lanes if isinstance(lanes, dict) else {}
+
+    def take_state(self, d: Any) -> None:
+        """Take a record's fields other than its subscriptions and lanes (raises as
+        :meth:`from_json` for a record it cannot read)."""
+        self.version, self.expiry = d["v"], d["e"]
+        self.lmq_seq = d["n"]
+        self.disconnected_at = d["d"] or int(time.time() * 1000)
+        self.qos2_in = {int(pid) for pid in d.get("q", ()) if 0 < int(pid) < 65536} or NONE
+        self.pubrel = {int(pid) for pid in d.get("r", ()) if 0 < int(pid) < 65536} or NONE
+        self.username = d.get("u")
+        self.owner = d.get("o")
+        self.epoch = int(d.get("g", 0))
+        self.online = not d["d"]
 
     def to_json(self) -> bytes:
         return json.dumps(
