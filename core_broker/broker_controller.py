@@ -373,7 +373,7 @@ class BrokerController(MessageQueries):
                 continue
             d = {"n": namespace, "k": key, "v": None if value is None else base64.b64encode(value).decode(),
                  "ver": version}
-            last = self.journal.append("kv", d)
+            last = self.journal.append_kv(d)
             self._apply_kv(d)
         if last is not None:
             await self.store.wait_durable(last)

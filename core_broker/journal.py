@@ -55,6 +55,15 @@ class Journal:
         data = f'{{"g":{_jstr(group)},"t":{_jstr(topic)},"q":{int(queue_id)},"o":{int(offset)}}}'
         return self.store.put_nowait(Message(JOURNAL_TOPIC, f"ack {data}".encode()))
 
+    def append_kv(self, data: dict) -> PutResult:
+        """``append("kv", data)`` for a door-state write ``{"n", "k", "v", "ver"}`` (``v``: base64
+        or None) without the JSON encoder's generic walk: a storm of MQTT CONNECTs writes one per
+        device. The same text the encoder writes (base64 needs no escaping)."""
+        v = data["v"]
+        vj = "null" if v is None else f'"{v}"'
+        text = f'kv {{"n":{_jstr(data["n"])},"k":{_dumps(data["k"])},"v":{vj},"ver":{int(data["ver"])}}}'
+        return self.store.put_nowait(Message(JOURNAL_TOPIC, text.encode()))
+
     def link(
         self,
         origin_phys: int,

@@ -56,6 +56,20 @@ def test_append_ack_is_the_same_entry_as_append_of_ack(stores, group: str, topic
     assert list(j.replay(0)) == [("ack", {"g": group, "t": topic, "q": 3, "o": o}) for o in (99, 100, 101)]
 
 
+@pytest.mark.parametrize("key", ["dev-1", 'we"ird\\key', "clé\u2028", ""])
+def test_append_kv_is_the_same_entry_as_append_of_kv(stores, key: str) -> None:  # noqa: F811
+    s = stores.open()
+    j = Journal(s)
+    entries = [{"n": "mqtt.sessions", "k": key, "v": "eyJ4IjoxfQ==", "ver": 123456789 << 20},
+               {"n": 'n"s', "k": key, "v": None, "ver": 7}]
+    for d in entries:
+        j.append_kv(d)
+        j.append("kv", d)
+    bodies = [bytes(m.body) for m in read_all(s, JOURNAL_TOPIC, 0)]
+    assert bodies[0] == bodies[1] and bodies[2] == bodies[3]
+    assert list(j.replay(0)) == [("kv", d) for d in entries for _ in (0, 1)]
+
+
 def test_a_link_moves_a_message_and_journals_the_move_in_one_record(stores) -> None:  # noqa: F811
     s = stores.open()
     j = Journal(s)
