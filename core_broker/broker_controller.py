@@ -321,7 +321,7 @@ class BrokerController(MessageQueries):
     # separated gateways keep door state on every broker (see RemoteBrokerClient.kv_put)
     # and read back the newest copy whichever brokers answer.
 
-    def _apply_kv(self, d: dict) -> bool:
+    def _apply_kv(self, d: dict, writer: str = "") -> bool:
         ver = d.get("ver", 0)  # entries of older journals have none: they always applied
         vers = self.kv_versions.setdefault(d["n"], {})
         if "ver" in d and ver <= vers.get(d["k"], -1):
@@ -334,7 +334,7 @@ class BrokerController(MessageQueries):
             ns.pop(d["k"], None)
         else:
             ns[d["k"]] = base64.b64decode(d["v"])
-        self.door_feed.kv_changed(d["n"], d["k"])
+        self.door_feed.kv_changed(d["n"], d["k"], writer)
         return True
 
     def next_kv_version(self) -> int:
@@ -362,10 +362,11 @@ class BrokerController(MessageQueries):
         await self.store.wait_durable(r)
         return version
 
-    async def kv_put_many(self, namespace: str, items: list[tuple[str, bytes | None, int]]) -> None:
+    async def kv_put_many(self, namespace: str, items: list[tuple[str, bytes | None, int]], writer: str = "") -> None:
         """Several ``kv_put`` s (key, value or None, the writer's version) in one call and one wait
         for durability: the journal is one log, so the last entry durable means all are (a group
-        commit of door state: a storm of MQTT CONNECTs writes its sessions this way)."""
+        commit of door state: a storm of MQTT CONNECTs writes its sessions this way). ``writer``:
+        the gateway writing, which the door-state feed then does not send its own writes back."""
         last = None
         for key, value, version in items:
             self._kv_last = max(self._kv_last, version)
@@ -374,7 +375,7 @@ class BrokerController(MessageQueries):
             d = {"n": namespace, "k": key, "v": None if value is None else base64.b64encode(value).decode(),
                  "ver": version}
             last = self.journal.append_kv(d)
-            self._apply_kv(d)
+            self._apply_kv(d, writer)
         if last is not None:
             await self.store.wait_durable(last)
 

@@ -356,8 +356,8 @@ class BrokerServer:
     def kv_get(self, namespace, key):
         return self.controller.kv_get(namespace, key)
 
-    async def kv_put_many(self, namespace, items):
-        await self.controller.kv_put_many(namespace, [(k, v, ver) for k, v, ver in items])
+    async def kv_put_many(self, namespace, items, writer=""):
+        await self.controller.kv_put_many(namespace, [(k, v, ver) for k, v, ver in items], writer)
 
     def kv_get_many_versioned(self, namespace, keys):
         return [list(a) for a in self.controller.kv_get_many_versioned(namespace, keys)]

@@ -40,17 +40,24 @@ MAX_NOTES = 100_000  # per gateway: one that never comes back must not fill memo
 class DoorFeed:
     """Sequence-numbered door-state changes and per-gateway notes, for long-polling gateways."""
 
-    __slots__ = ("incarnation", "seq", "changed", "notes", "watchers", "_waiters")
+    __slots__ = ("incarnation", "seq", "changed", "writers", "notes", "watchers", "_waiters")
 
     def __init__(self) -> None:
         self.incarnation = secrets.token_hex(8)
         self.seq = 0
         self.changed: dict[str, OrderedDict[str, int]] = {}  # namespace -> key -> seq of its last change
+        # (namespace, key) -> the gateway that made its last change, when it said so: that gateway
+        # is not sent its own write back (it knows it; in a storm that halves what the feed sends)
+        self.writers: dict[tuple[str, str], str] = {}
         self.notes: dict[str, deque[Any]] = {}  # gateway id -> notes left for it
         self.watchers: dict[str, float] = {}  # gateway id -> when its last watch call ended
         self._waiters: set[asyncio.Future[None]] = set()
 
-    def kv_changed(self, namespace: str, key: str) -> None:
+    def kv_changed(self, namespace: str, key: str, writer: str = "") -> None:
+        if writer:
+            self.writers[(namespace, key)] = writer
+        elif self.writers:
+            self.writers.pop((namespace, key), None)
         self.seq += 1
         od = self.changed.get(namespace)
         if od is None:
@@ -73,9 +80,11 @@ class DoorFeed:
                     f.set_result(None)
             self._waiters.clear()
 
-    def since(self, namespaces: list[str], seq: int) -> dict[str, list[str]]:
-        """Keys of ``namespaces`` changed after ``seq`` (newest change last)."""
+    def since(self, namespaces: list[str], seq: int, gateway: str = "") -> dict[str, list[str]]:
+        """Keys of ``namespaces`` changed after ``seq`` (newest change last), but those whose last
+        change ``gateway`` made itself."""
         out: dict[str, list[str]] = {}
+        writers = self.writers if gateway else None
         for ns in namespaces:
             od = self.changed.get(ns)
             if not od:
@@ -84,6 +93,8 @@ class DoorFeed:
             for k, s in reversed(od.items()):
                 if s <= seq:
                     break
+                if writers and writers.get((ns, k)) == gateway:
+                    continue
                 keys.append(k)
             if keys:
                 out[ns] = keys[::-1]
@@ -100,21 +111,28 @@ class DoorFeed:
         return [g for g, at in self.watchers.items() if now - at <= within_s]
 
     async def wait(self, gateway: str, namespaces: list[str], seq: int, timeout_s: float) -> None:
-        """Until something for ``gateway`` is newer than ``seq``, or ``timeout_s`` passed."""
+        """Until something for ``gateway`` is newer than ``seq`` (not its own writes), or
+        ``timeout_s`` passed."""
         self.watchers[gateway] = time.monotonic()
-        if self.notes.get(gateway) or self.since(namespaces, seq):
-            return
-        f: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.add(f)
-        try:
-            # asyncio.timeout, not wait_for: on 3.11 wait_for returns the result when a cancel
-            # arrives as ``f`` completes, swallowing the cancel (a gateway's stop then hung)
-            async with asyncio.timeout(timeout_s):
-                await f
-        except TimeoutError:
-            pass
-        finally:
-            self._waiters.discard(f)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        checked = seq  # changes up to here were all ``gateway``'s own: not looked at again
+        while not (self.notes.get(gateway) or self.since(namespaces, checked, gateway)):
+            checked = self.seq
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            f: asyncio.Future[None] = loop.create_future()
+            self._waiters.add(f)
+            try:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for returns the result when a cancel
+                # arrives as ``f`` completes, swallowing the cancel (a gateway's stop then hung)
+                async with asyncio.timeout(left):
+                    await f
+            except TimeoutError:
+                return
+            finally:
+                self._waiters.discard(f)
 
     async def watch(self, gateway: str, namespaces: list[str], incarnation: str, seq: int, timeout_s: float,
                     kv: VersionedKv) -> dict[str, Any]:
@@ -129,7 +147,7 @@ class DoorFeed:
             for ns in namespaces:
                 out[ns] = kv.kv_items_versioned(ns)
         else:
-            for ns, keys in self.since(namespaces, seq).items():
+            for ns, keys in self.since(namespaces, seq, gateway).items():
                 out[ns] = {k: kv.kv_get_versioned(ns, k) for k in keys}
         # a gateway polls again at once, so one not heard of for three long polls is gone
         return {"inc": self.incarnation, "seq": self.seq, "full": full, "kv": out,

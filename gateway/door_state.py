@@ -44,11 +44,14 @@ class DoorStateCalls:
         self._check(ctx, Action.ADMIN, Resource.DOOR_STATE, namespace)
         return await self.broker.kv_items(namespace)
 
-    async def kv_put_many(self, ctx: RequestContext, namespace: str, items: dict[str, bytes | None]) -> None:
-        """Several ``kv_put`` s (None deletes), durable together once this returns."""
+    async def kv_put_many(self, ctx: RequestContext, namespace: str, items: dict[str, bytes | None],
+                          writer: str = "") -> None:
+        """Several ``kv_put`` s (None deletes), durable together once this returns. ``writer``: the
+        id the door follows the door-state feed with (``door_watch``'s ``gateway``), which then
+        does not bring these writes back to it."""
         self._check(ctx, Action.ADMIN, Resource.DOOR_STATE, namespace)
         if items:
-            await self.broker.kv_put_many(namespace, items)
+            await self.broker.kv_put_many(namespace, items, writer)
 
     async def kv_get_many(self, ctx: RequestContext, namespace: str, keys: list[str]) -> dict[str, bytes | None]:
         """``kv_get`` of each of ``keys`` (None: no such entry)."""

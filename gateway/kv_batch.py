@@ -45,13 +45,14 @@ Render = Callable[[], Any]  # -> bytes (the value), None (delete) or SKIP
 class KvBatcher:
     """Batched ``kv_put`` / ``kv_get`` of one door-state namespace (see the module doc)."""
 
-    __slots__ = ("processor", "ctx", "namespace", "_writes", "_sending", "_reads", "_writer", "_reader",
+    __slots__ = ("processor", "ctx", "namespace", "writer", "_writes", "_sending", "_reads", "_writer", "_reader",
                  "batches", "keys_written")
 
     def __init__(self, processor: MessagingAPI, ctx: RequestContext, namespace: str) -> None:
         self.processor = processor
         self.ctx = ctx
         self.namespace = namespace
+        self.writer = ""  # the door's id in the door-state feed (it is not sent its own writes back)
         self._writes: dict[str, tuple[Render, asyncio.Future[None]]] = {}  # queued, in order asked
         self._sending: dict[str, asyncio.Future[None]] = {}  # the batch on its way
         self._reads: dict[str, asyncio.Future[bytes | None]] = {}
@@ -113,7 +114,7 @@ class KvBatcher:
                 self.batches += 1
                 self.keys_written += len(items)
                 try:
-                    await self.processor.kv_put_many(self.ctx, self.namespace, items)
+                    await self.processor.kv_put_many(self.ctx, self.namespace, items, self.writer)
                 except Exception as e:
                     for f in self._sending.values():
                         if not f.done():

@@ -615,9 +615,10 @@ class RemoteBrokerClient:
             self._kv_repair([b for b, a in answers if a[0] < best_v], namespace, key, best_v, best)
         return best
 
-    async def kv_put_many(self, namespace: str, items: dict[str, bytes | None]) -> None:
+    async def kv_put_many(self, namespace: str, items: dict[str, bytes | None], writer: str) -> None:
         """Several writes, one call per broker (each its own version, in ``items`` order)."""
-        await self._kv_fanout("kv_put_many", namespace, [[k, v, self._kv_version()] for k, v in items.items()])
+        await self._kv_fanout("kv_put_many", namespace, [[k, v, self._kv_version()] for k, v in items.items()],
+                              writer)
 
     async def kv_get_many(self, namespace: str, keys: list[str]) -> dict[str, bytes | None]:
         """``kv_get`` of each of ``keys``, one call per broker (read repair as there)."""

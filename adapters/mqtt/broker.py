@@ -124,6 +124,8 @@ class MQTTBroker:
         self.sys = SysTopics(self, cfg.sys_interval_s, _version())
         self.fleet = Fleet(self)  # several gateways sharing these sessions
         self.session_store.gid = self.fleet.gid if self.fleet.enabled else None
+        if self.fleet.enabled:  # the feed does not bring this gateway's own record writes back
+            self.session_store.batch.writer = self.fleet.gid
 
     # -- lifecycle
 
