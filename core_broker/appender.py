@@ -55,6 +55,7 @@ _crc32c = record.crc32c
 _MAGIC = record.MAGIC_MESSAGE
 _HEADER_SIZE = record.HEADER_SIZE
 _NOT_LINK = ~record.FLAG_LINK  # a put never stores the link bit (see record.encode)
+_FLAG_BATCH = record.FLAG_BATCH
 _bare_head = record.bare_head_packer
 _HEX4: tuple[str, ...] = tuple(struct.pack(">65536H", *range(65536)).hex(" ", 2).upper().split())
 
@@ -180,6 +181,8 @@ class Appender:
                 self._id_key = pos >> 16
                 self._id_head = self._id_hi % self._id_key
             return _new_tuple(PutResult, (PUT_OK, self._id_head + _HEX4[pos & 0xFFFF], msg.queue_id, qo, pos, size, ()))
+        if msg.flags & _FLAG_BATCH:
+            return self._append_batch_record(msg, cq, qo, now)
         extra = msg.extra_dispatch
         dispatch = b""
         extra_offsets: tuple[int, ...] = ()
@@ -278,7 +281,7 @@ class Appender:
             for m in msgs:
                 body = m.body
                 extra = m.extra_dispatch
-                if len(body) > limit or (extra and not self._dispatch_ok(m, extra)):
+                if len(body) > limit or (extra and not self._dispatch_ok(m, extra)) or m.flags & _FLAG_BATCH:
                     # The single path raises the error, after the pending records are written.
                     if pending:
                         self._write_pending(cur, start, pos, pending, runs)
@@ -428,6 +431,50 @@ class Appender:
                 run[0].append_entries(run[1], ents)
                 run[1] += len(ents)
                 ents.clear()
+
+    def _append_batch_record(self, msg: Message, cq, qo: int, now: int) -> PutResult:
+        """One record for a producer's batch of messages (``record.FLAG_BATCH``), indexed once in
+        its batch queue for queue offsets [qo, qo + count); each extra target (an LMQ) gets one
+        classic entry per message of the batch routed to it, the message's index in the
+        tag-hash field. The body is stored as it came: never unpacked here."""
+        if not getattr(cq, "batch", False):
+            raise BadRequestError(f"topic {msg.topic!r} is not a batch topic (attribute batch=true)")
+        props = msg.properties
+        try:
+            count = int(props[record.P_BATCH_COUNT])
+            x = props.get(record.P_BATCH_DISPATCH)
+            inner = [int(i) for i in x.split(",")] if x else []
+        except (KeyError, ValueError):
+            raise BadRequestError("a batch record needs its message count") from None
+        extra = msg.extra_dispatch
+        if count < 1 or len(inner) != len(extra) or any(not 0 <= i < count for i in inner):
+            raise BadRequestError("a batch record's count or dispatch indexes are out of range")
+        cqs = [self._cqs.get(t) or self._cq(t[0], t[1]) for t in extra]
+        seen: dict = {}
+        offsets = []
+        for t, c in zip(extra, cqs):  # one target may take several messages of the batch
+            k = seen[t] = seen.get(t, -1) + 1
+            offsets.append(c.max_offset + k)
+            c.ensure(c.max_offset + k)
+        extra_offsets = tuple(offsets)
+        dispatch = _encode_dispatch(extra, extra_offsets) if extra else b""
+        cl = self.commitlog
+        pos = cl.write_pos
+        head = _encode_head(msg, qo, pos, now, dispatch)
+        size = len(head) + len(msg.body)
+        if pos + size > cl.limit:
+            if size > cl.segment_size:
+                raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
+            new_pos = cl.make_room(size)
+            if new_pos != pos:
+                pos = new_pos
+                head = _encode_head(msg, qo, pos, now, dispatch)
+        cl.write_parts_at(pos, head, msg.body)
+        th = (self._tag_hashes.get(msg.tag) or self._tag_hash(msg.tag)) if msg.tag else 0
+        cq.put_batch(qo, count, pos, size, th)
+        for c, o, i in zip(cqs, extra_offsets, inner):
+            c.put(o, pos, size, i)
+        return PutResult(PutStatus.PUT_OK, self.message_id(pos), msg.queue_id, qo, pos, size, extra_offsets)
 
     def append_link(
         self,

@@ -14,6 +14,7 @@ Layout of ``data_dir``::
 
     commitlog/<20-digit base offset>     segments
     consumequeue/<topic>/<queue>/<base>  consume queue files
+    batchqueue/<topic>/<queue>/<base>    batch topics' consume queues (batch_queue.py)
     index/<timestamp>                    index files
     config/topics.json, config/consumer_offsets.json
     checkpoint, abort, store_id
@@ -36,6 +37,8 @@ from . import log_copy, log_start
 from .commitlog import CommitLog
 from .compaction import Compactor
 from .config import FlushMode, StoreConfig
+from . import batch_queue
+from .batch_queue import BatchConsumeQueue
 from .consume_queue import ENTRY as CQ_ENTRY, ENTRY_SIZE, LMQ_CQ_ENTRIES, ConsumeQueue, _safe, unsafe
 from .errors import (
     CorruptRecordError,
@@ -92,6 +95,7 @@ class MessageStore:
         self.abort_marker_path = root / "abort"
         self.checkpoint_path = root / "checkpoint"
         self._cq_root = root / "consumequeue"
+        self._bq_root = root / batch_queue.ROOT
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()  # the write lock: every append, truncation and roll
         # Every record is written by the appender, under _lock.
@@ -192,6 +196,14 @@ class MessageStore:
         return self._running
 
     def _load_consume_queues(self) -> None:
+        if self._bq_root.exists():  # batch topics' queues (a store older than them has none)
+            for tdir in self._bq_root.iterdir():
+                for qdir in tdir.iterdir() if tdir.is_dir() else ():
+                    if qdir.name.isdigit():
+                        key = (unsafe(tdir.name), int(qdir.name))
+                        bq = BatchConsumeQueue(self._bq_root, key[0], key[1], self.config.cq_entries_per_file)
+                        bq.load()
+                        self._cqs[key] = bq
         if not self._cq_root.exists():
             return
         for tdir in self._cq_root.iterdir():
@@ -199,7 +211,7 @@ class MessageStore:
                 continue
             topic = unsafe(tdir.name)
             for qdir in tdir.iterdir():
-                if qdir.name.isdigit():
+                if qdir.name.isdigit() and (topic, int(qdir.name)) not in self._cqs:
                     cq = ConsumeQueue(self._cq_root, topic, int(qdir.name), self._cq_entries(topic, qdir))
                     cq.load()
                     self._cqs[(topic, int(qdir.name))] = cq
@@ -243,6 +255,14 @@ class MessageStore:
 
     def _dispatch_header(self, h: record.RecordHeader) -> None:
         th = tag_hash(h.tag)
+        if h.batch_count:  # a producer's batch: one entry for all its messages (batch_queue.py)
+            cq = self._cq(h.topic, h.queue_id)
+            if isinstance(cq, BatchConsumeQueue):
+                cq.ensure(h.queue_offset)
+                cq.put_batch(h.queue_offset, h.batch_count, h.phys_offset, h.size, th)
+            for (topic, qid, qo), i in zip(h.dispatch, h.batch_dispatch):
+                self._cq(topic, qid).put(qo, h.phys_offset, h.size, i)
+            return
         self._cq(h.topic, h.queue_id).put(h.queue_offset, h.phys_offset, h.size, th)
         for topic, qid, qo in h.dispatch:
             self._cq(topic, qid).put(qo, h.phys_offset, h.size, th)
@@ -298,9 +318,17 @@ class MessageStore:
         key = (topic, queue_id)
         cq = self._cqs.get(key)
         if cq is None:
-            cq = ConsumeQueue(self._cq_root, topic, queue_id, self._cq_entries(topic))
-            self._cqs[key] = cq
-        return cq
+            if self.is_batch_topic(topic):
+                cq = BatchConsumeQueue(self._bq_root, topic, queue_id, self.config.cq_entries_per_file)
+            else:
+                cq = ConsumeQueue(self._cq_root, topic, queue_id, self._cq_entries(topic))
+            self._cqs[key] = cq  # type: ignore[assignment]
+        return cq  # type: ignore[return-value]
+
+    def is_batch_topic(self, topic: str) -> bool:
+        """A topic created with the attribute ``batch=true``: its queues are batch queues."""
+        tc = self.topics.get(topic) if not topic.startswith(LMQ_PREFIX) else None
+        return tc is not None and tc.attributes.get("batch") == "true"
 
     def put(self, msg: Message) -> PutResult:
         """Store one message; in sync flush mode, return only once it is on disk."""
@@ -531,6 +559,8 @@ class MessageStore:
         want_all = msg_filter is None or msg_filter.matches_all
         hashes = None if want_all else msg_filter.tag_hashes  # type: ignore[union-attr]
         scan = max_count if want_all else max(MAX_SCAN, max_count)
+        if isinstance(cq, BatchConsumeQueue):
+            return self._get_batches(cq, offset, max_count, scan, msg_filter, read)
         entries = cq.get(offset, scan)
         out: list[StoredMessage] = []
         next_off = offset
@@ -546,6 +576,8 @@ class MessageStore:
                 continue  # removed by retention under our feet, or never valid: skip it
             if not want_all and not msg_filter.matches(m.tag, m.properties):  # type: ignore[union-attr]
                 continue
+            if m.flags & record.FLAG_BATCH and record.P_BATCH_INDEX not in m.properties:
+                m.properties[record.P_BATCH_INDEX] = str(th)  # one message of a batch (an LMQ's entry)
             m.topic = topic
             m.queue_id = queue_id
             m.queue_offset = q
@@ -554,6 +586,54 @@ class MessageStore:
                 break
         status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, out, next_off, lo, hi)
+
+    def _get_batches(self, cq: BatchConsumeQueue, offset: int, max_count: int, scan: int,
+                     msg_filter: MessageFilter | None, read: Callable[[int], StoredMessage] | None) -> GetResult:
+        """:meth:`get` of a batch queue: each batch record read once and answered as one
+        message per queue offset wanted (copies of the record sharing its body, each naming
+        its index in the batch in ``record.P_BATCH_INDEX``). The batch is not unpacked: the
+        gateway does that (``gateway/batch_codec.py``)."""
+        want_all = msg_filter is None or msg_filter.matches_all
+        hashes = None if want_all else msg_filter.tag_hashes  # type: ignore[union-attr]
+        materialize = read or self._materialize
+        topic, queue_id = cq.topic, cq.queue_id
+        out: list[StoredMessage] = []
+        next_off = offset
+        for phys, _size, th, first, n in cq.batches(offset, scan):
+            if (hashes is not None and th not in hashes) or next_off >= first + n:
+                next_off = max(next_off, first + n)
+                continue
+            try:
+                m = materialize(phys)
+            except (CorruptRecordError, ValueError):
+                next_off = first + n
+                continue
+            if not want_all and not msg_filter.matches(m.tag, m.properties):  # type: ignore[union-attr]
+                next_off = first + n
+                continue
+            batch = m.flags & record.FLAG_BATCH
+            for q in range(max(first, next_off), first + n):
+                c = m.clone() if batch and n > 1 else m
+                c.topic, c.queue_id, c.queue_offset = topic, queue_id, q
+                if batch:
+                    c.properties[record.P_BATCH_INDEX] = str(q - first)
+                out.append(c)
+                next_off = q + 1
+                if len(out) >= max_count:
+                    break
+            if len(out) >= max_count:
+                break
+        status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, out, next_off, cq.min_offset, cq.max_offset)
+
+    def batch_index_at(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """The index inside its batch record of the message at a batch queue's offset (None: a
+        record of its own): a link made to it (retry, dead letter) names it."""
+        cq = self._cqs.get((topic, queue_id))
+        if not isinstance(cq, BatchConsumeQueue):
+            return None
+        e = cq.locate(offset)
+        return offset - e[3] if e is not None and e[4] > 1 else None
 
     def get_raw(
         self, topic: str, queue_id: int, offset: int, max_count: int, max_span: int = 32 << 20
@@ -572,6 +652,8 @@ class MessageStore:
         None when :meth:`get` must be used: offset not in ``[min, max)``, data gone to retention.
         """
         cq = self._cqs.get((topic, queue_id))
+        if isinstance(cq, BatchConsumeQueue):
+            return None  # a batch queue's entries are not one per offset: see get_batches_raw
         if cq is None or not max(cq.min_offset, self.compaction.boundary(topic, queue_id)) <= offset < cq.max_offset:
             return None
         esize = CQ_ENTRY.size
@@ -621,13 +703,15 @@ class MessageStore:
         cq = self._cqs.get((topic, queue_id))
         if cq is None:
             return None
-        e = cq.entry(offset)
+        e = cq.locate(offset) if isinstance(cq, BatchConsumeQueue) else cq.entry(offset)
         if e is None or e[0] < self.commitlog.min_offset:
             return None
         try:
             m = self._materialize(e[0])
         except (CorruptRecordError, ValueError):
             return None
+        if m.flags & record.FLAG_BATCH and record.P_BATCH_INDEX not in m.properties:
+            m.properties[record.P_BATCH_INDEX] = str(offset - e[3] if len(e) == 5 else e[2])
         m.topic, m.queue_id, m.queue_offset = topic, queue_id, offset
         return m
 
@@ -729,6 +813,7 @@ class MessageStore:
                 if cq is not None:
                     cq.destroy()
         shutil.rmtree(self._cq_root / _safe(topic), ignore_errors=True)
+        shutil.rmtree(self._bq_root / _safe(topic), ignore_errors=True)
         self.offsets.delete_topic(topic)
         self.compaction.drop(topic)
 

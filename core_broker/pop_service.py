@@ -26,6 +26,7 @@ from .config import BrokerConfig
 from .journal import Journal
 from .message_store import MessageFilter, MessageStore
 from .model import GetResult, GetStatus, PutResult, StoredMessage
+from .record import P_BATCH_INDEX
 from .receipt import InvalidReceiptHandleError, ReceiptHandle, handle_prefix
 from .system_topics import P_ORIGIN_TOPIC, dlq_topic, is_system_topic, retry_topic
 from .timer_service import TimerService
@@ -389,10 +390,19 @@ class PopService:
             return self.journal.append("ack", data)
         dlq = dlq_topic(group)
         self.ensure_topic(dlq)
-        props = {} if topic.startswith("%RETRY%") else {P_ORIGIN_TOPIC: topic}
+        props = self._link_props(topic, qid, off)
         r = self.journal.link(phys, dlq, 0, "rev", data, properties=props, reconsume_times=inf.attempt)
         self.notify(dlq)
         return r
+
+    def _link_props(self, topic: str, qid: int, off: int) -> dict[str, str]:
+        """Properties of the link that retries or dead-letters the message at ``off``: its
+        topic, and its index when it is one message of a batch record."""
+        props = {} if topic.startswith("%RETRY%") else {P_ORIGIN_TOPIC: topic}
+        i = self.store.batch_index_at(topic, qid, off)
+        if i is not None:
+            props[P_BATCH_INDEX] = str(i)
+        return props
 
     # -- revive ----------------------------------------------------------------------
 
@@ -441,7 +451,7 @@ class PopService:
             origin = topic if not topic.startswith("%RETRY%") else self._origin_of(topic, qid, off)
             rt = retry_topic(group, origin)
             self.ensure_topic(rt)
-            props = {} if topic.startswith("%RETRY%") else {P_ORIGIN_TOPIC: topic}
+            props = self._link_props(topic, qid, off)
             backoff = 0 if inf.released else cfg.retry_backoff_ms[min(inf.attempt - 1, len(cfg.retry_backoff_ms) - 1)]
             if backoff <= 0:
                 last = self.journal.link(phys, rt, 0, "rev", data, properties=props, reconsume_times=inf.attempt)

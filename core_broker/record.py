@@ -48,6 +48,15 @@ _UNPACK_FIXED = FIXED.unpack_from
 _UNPACK_PREFIX = PREFIX.unpack_from
 
 FLAG_LINK = 0x1  # record dispatches origin_offset's message, carries no body of its own
+# A batch record: its body is a producer's batch (gateway/batch_codec.py), opaque to the store,
+# holding P_BATCH_COUNT messages. Its own queue (a batch queue) indexes it once for all of them;
+# P_BATCH_DISPATCH names, per extra dispatch target, the message of the batch that target gets
+# (comma-separated indexes): a classic queue entry of one message of a batch carries that index
+# in its tag-hash field. A link to one message of a batch carries P_BATCH_INDEX.
+FLAG_BATCH = 0x2
+P_BATCH_COUNT = "__batch_n"
+P_BATCH_DISPATCH = "__batch_x"
+P_BATCH_INDEX = "__batch_i"
 
 
 # Encoded properties: a door stamps the same names on every message (mqtt_*, ce_*,
@@ -283,6 +292,8 @@ class RecordHeader:
         "keys",
         "message_id",
         "dispatch",
+        "batch_count",
+        "batch_dispatch",
     )
 
 
@@ -321,7 +332,14 @@ def parse_header(buf, pos: int) -> RecordHeader:
     h.tag = bytes(buf[p : p + gl_tag]).decode() if gl_tag else None
     p += gl_tag + gl + pl
     h.keys = bytes(buf[p : p + kl]).decode().split("\0") if kl else []
-    p += kl + prl
+    p += kl
+    h.batch_count, h.batch_dispatch = 0, ()
+    if h.flags & FLAG_BATCH and not h.flags & FLAG_LINK:
+        props = decode_properties(bytes(buf[p : p + prl])) if prl else {}
+        h.batch_count = int(props.get(P_BATCH_COUNT, "1"))
+        x = props.get(P_BATCH_DISPATCH)
+        h.batch_dispatch = tuple(int(i) for i in x.split(",")) if x else ()
+    p += prl
     h.dispatch = decode_dispatch(bytes(buf[p : p + dl])) if dl else []
     return h
 

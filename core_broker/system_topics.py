@@ -48,8 +48,12 @@ def is_lmq(topic: str) -> bool:
     return topic.startswith(LMQ_PREFIX)
 
 
+BATCH_PREFIX = "__batch_"  # record.P_BATCH_*
+
+
 def public_properties(props: dict[str, str]) -> dict[str, str]:
     """User-visible properties (reserved keys removed)."""
     if not any(k.startswith(RESERVED_PREFIX) for k in props):
         return props
-    return {k: v for k, v in props.items() if not k.startswith(RESERVED_PREFIX)}
+    # a batch record's own (count, index: "__batch_*") stay for the gateway, which unpacks it and drops them
+    return {k: v for k, v in props.items() if not k.startswith(RESERVED_PREFIX) or k.startswith(BATCH_PREFIX)}

@@ -44,6 +44,10 @@ class TopicConfig:
         self.message_type = MessageType(self.message_type)
         if not 1 <= self.queues <= 1024:
             raise BadRequestError(f"a topic has 1 to 1024 queues, not {self.queues}")
+        if self.attributes.get("batch") == "true" and self.message_type != MessageType.NORMAL:
+            raise BadRequestError(
+                f"a batch topic (batch=true) is NORMAL, not {self.message_type.value}: a batch has one queue "
+                "position for all its messages (no FIFO order by group, delay, transaction or compaction)")
 
     @property
     def queue_ids(self) -> range:
@@ -93,6 +97,13 @@ def validate_attributes(attributes: dict) -> dict[str, str]:
             ok = False
         if not ok:
             raise BadRequestError(f"tier_retention_hours must be a number of hours >= 0, not {hours!r}")
+    if attrs.get("batch", "false") not in ("true", "false"):
+        raise BadRequestError(f"batch is true or false, not {attrs['batch']!r}")
+    if attrs.get("batch.compression", "none") not in ("none", "zstd", "lz4"):
+        raise BadRequestError(f"batch.compression is none, zstd or lz4, not {attrs['batch.compression']!r}")
+    linger = attrs.get("batch.linger_ms", "0")
+    if not (linger.isdigit() and int(linger) <= 1000):
+        raise BadRequestError(f"batch.linger_ms is a whole number of ms from 0 to 1000, not {linger!r}")
     return attrs
 
 
@@ -100,6 +111,8 @@ def merge_attributes(current: dict[str, str], changes: dict[str, str | None]) ->
     """A topic's attributes after an update: ``changes`` merged over ``current``, a ``None`` value
     removing that attribute, the result checked as at creation (:func:`validate_attributes`)."""
     merged = dict(current)
+    if "batch" in changes and changes["batch"] != current.get("batch", "false" if changes["batch"] is not None else None):
+        raise BadRequestError("batch is fixed when a topic is created (its queues are batch queues or not)")
     for k, v in changes.items():
         if v is None:
             merged.pop(str(k), None)

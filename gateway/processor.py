@@ -48,6 +48,8 @@ from .processor_admin import AdminCalls
 from .processor_columnar import ColumnarCalls
 from .processor_trace import TraceCalls
 from .trace import Tracer, check_trace_attributes
+from .batch_codec import expand_all, expand_popped
+from .batch_send import check_batchable, pack_call
 from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, PLAIN_KEYS_MAX as _PLAIN_KEYS_MAX, TopicPlan, message_type_of, select_queue
 
 __all__ = [
@@ -247,6 +249,8 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                     f"topic {topic!r} is a {plan.route.config.message_type.value} topic and does not take "  # type: ignore[union-attr]
                     f"{mtype} messages"
                 )
+            if plan.batch is not None:  # type: ignore[union-attr]
+                check_batchable(topic, mtype)
             props = m.properties
             if props and not _PLAIN_KEYS.issuperset(props):
                 if any(k.startswith(RESERVED_PREFIX) for k in props):
@@ -278,29 +282,35 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         for p, rr0, k, per in states.values():
             if k:
                 p.rr = rr0 + -(-k // per)  # the next call starts at the next queue
+        sent, packed = messages, None
+        if n > 1 and any(p.batch is not None for p in plans.values()):  # batch topics: gateway/batch_send.py
+            packed = pack_call(messages, brokers, {t: p.batch for t, p in plans.items() if p.batch is not None})
+            sent, brokers, mixed = packed.stored, packed.brokers, len(set(packed.brokers)) > 1
         results: list[SendResult] | None = None
         failed: set[str] = set()
         if not mixed:  # the common case: every message of the call goes to one broker
             try:
-                put = await self.broker.send(one_broker, messages, transactional, producer_group)  # type: ignore[arg-type]  # set: n > 0
+                put = await self.broker.send(one_broker, sent, transactional, producer_group)  # type: ignore[arg-type]  # set: n > 0
             except (PeerUnavailableError, BrokerWriteBlockedError):
                 failed.add(one_broker)  # type: ignore[arg-type]  # regrouped below
             else:
                 new = _tuple_new
-                if n == 1:
-                    m = messages[0]
+                if len(sent) == 1:
+                    m = sent[0]
                     r, tid = put[0]
                     results = [new(SendResult, (r[1], m.topic, one_broker, m.queue_id, r[3], tid, r[6]))]
                 else:
                     results = [
                         new(SendResult, (r[1], m.topic, one_broker, m.queue_id, r[3], tid, r[6]))
-                        for m, (r, tid) in zip(messages, put)
+                        for m, (r, tid) in zip(sent, put)
                     ]
         if results is None:
             by_broker: dict[str, list[tuple[int, Message]]] = {}
-            for i, (m, b) in enumerate(zip(messages, brokers)):
+            for i, (m, b) in enumerate(zip(sent, brokers)):
                 by_broker.setdefault(b, []).append((i, m))
-            results = await self._send_grouped(by_broker, plans, transactional, producer_group, n, failed)
+            results = await self._send_grouped(by_broker, plans, transactional, producer_group, len(sent), failed)
+        if packed is not None:
+            results = packed.results(results)
         if self.tracer.on:
             self.tracer.stored(ctx, messages, results)
         metrics = self.metrics
@@ -515,6 +525,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                     if not live:
                         break
         if out:
+            out = expand_popped(out)  # a message of a batch record as itself (gateway/batch_codec.py)
             self.metrics.count_out(ctx.protocol, topic, len(out), sum(len(pm.message.body) for pm in out))
             if self.tracer.on:
                 self.tracer.popped(ctx, group, out)
@@ -617,6 +628,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         b = await self._queue_broker(ctx, topic, queue_id, broker)
         r = await self.broker.pull(b, topic, queue_id, offset, max_count, filter_expression, wait_ms)
         if r.messages:
+            r = r._replace(messages=expand_all(r.messages))
             self.metrics.count_out(ctx.protocol, topic, len(r.messages), sum(len(m.body) for m in r.messages))
             if self.tracer.on and not is_lmq(topic):  # a door's LMQ read-back is traced as its delivery
                 self.tracer.pulled(ctx, r.messages)

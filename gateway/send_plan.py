@@ -15,6 +15,7 @@ from core_broker.errors import MessageKeyRequiredError
 from core_broker.model import Message, MessageType
 
 from .api import ACCEPTED_MESSAGE_TYPES, NoWritableQueueError
+from .batch_send import compression_of, is_batch
 from .broker_client import QueueRoute, TopicRoute
 
 # Property names seen on sends that do not start with RESERVED_PREFIX: doors stamp the
@@ -55,7 +56,7 @@ class TopicPlan:
     a str hash is cached, an enum's is not), and its round-robin position. ``fifo``: every
     message's queue is chosen by :meth:`select` (a FIFO topic by group, a compacted one by key)."""
 
-    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "keyed", "static", "rr")
+    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "keyed", "static", "rr", "batch")
 
     def __init__(self, route: TopicRoute, rr: int) -> None:
         self.route = route
@@ -67,6 +68,8 @@ class TopicPlan:
         self.static = route.config.mapping is not None
         self.fifo = mtype == MessageType.FIFO or self.keyed or self.static
         self.rr = rr
+        # a batch topic: its compression ("none", "zstd", "lz4"); None for any other topic
+        self.batch = compression_of(route.config) if is_batch(route.config) else None
 
     def select(self, m: Message) -> QueueRoute:
         nw = self.nw

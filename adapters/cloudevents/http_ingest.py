@@ -11,7 +11,10 @@ schemathesis know them.
 
 from __future__ import annotations
 
+import base64
 import time
+
+import orjson
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
@@ -32,7 +35,10 @@ from .mapping import (
     message_from_structured,
 )
 
-__all__ = ["routes"]
+__all__ = ["routes", "BATCH_JSON"]
+
+#: ``POST /v1/topics/{t}/messages`` with this Content-Type: a JSON array of messages (a batch).
+BATCH_JSON = "application/vnd.unimq.batch+json"
 
 
 def routes(deps: Deps) -> tuple[APIRouter, Route]:
@@ -103,6 +109,10 @@ def routes(deps: Deps) -> tuple[APIRouter, Route]:
         p = processor()
         body = await read_body(request, max_body)
         h = request.headers
+        ct = h.get("content-type", "").partition(";")[0].strip().lower()
+        if ct == BATCH_JSON:  # several messages in one call: one record on a batch topic
+            msgs = messages_from_json_batch(topic, body, p.config.max_batch)
+            return json_response(send_list_json(await p.send(request_context(request, "http"), msgs)))
         props: dict[str, str] = {}
         for k, v in request.scope["headers"]:
             if k.startswith(b"unimq-prop-") and len(k) > 11:
@@ -141,3 +151,30 @@ def routes(deps: Deps) -> tuple[APIRouter, Route]:
 
 
     return router, fast
+
+
+def messages_from_json_batch(topic: str, body: bytes, max_batch: int) -> list[Message]:
+    """The messages of a JSON batch (``BATCH_JSON``): an array of ``{"body" | "body_base64", "tag",
+    "keys", "properties"}``, each checked; 400 when malformed."""
+    try:
+        items = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "BAD_REQUEST", "a batch is a JSON array of messages") from None
+    if not isinstance(items, list) or not items or len(items) > max_batch:
+        raise ApiError(400, "BAD_REQUEST", f"a batch is a JSON array of 1 to {max_batch} messages")
+    out = []
+    for d in items:
+        if not isinstance(d, dict):
+            raise ApiError(400, "BAD_REQUEST", "each message of a batch is a JSON object")
+        b, b64, tag, keys, props = d.get("body"), d.get("body_base64"), d.get("tag"), d.get("keys") or [], d.get("properties") or {}
+        try:
+            data = b.encode() if isinstance(b, str) else base64.b64decode(b64, validate=True) if isinstance(b64, str) else None
+        except ValueError:
+            data = None
+        if data is None or (tag is not None and not isinstance(tag, str)) or not isinstance(keys, list) or not all(
+                isinstance(k, str) and "\0" not in k for k in keys) or not isinstance(props, dict) or not all(
+                isinstance(v, str) for v in props.values()):
+            raise ApiError(400, "BAD_REQUEST", "a batch message has body (text) or body_base64, and optionally "
+                           "tag (text), keys (texts without NUL) and properties (text values)")
+        out.append(Message(topic, data, tag=tag or None, keys=keys, properties=props, protocol="http"))
+    return out

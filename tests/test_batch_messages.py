@@ -1,0 +1,174 @@
+"""Batch messages through a real `unimq up`: a producer's batch stored as one record in a batch
+topic (attribute batch=true) and read back one message at a time, with dense offsets, by every
+reading door; one message of a batch acked while the others come back; compressed batches; a
+restart; what batch topics refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+
+import grpc
+import httpx
+import paho.mqtt.client as mqtt
+import pika
+import pytest
+from grpc_helpers import raw_message, receive_until, simple_consumer, started
+from http_helpers import start_server
+from rocketmq import FilterExpression
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
+
+from adapters.cloudevents.http_ingest import BATCH_JSON
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def create(c: httpx.Client, topic: str, queues: int = 1, **attrs: str) -> None:
+    r = c.post("/v1/topics", json={"name": topic, "queues": queues, "attributes": {"batch": "true", **attrs}})
+    assert r.status_code in (200, 201), r.text
+
+
+def send_batch(c: httpx.Client, topic: str, bodies: list[bytes], **extra: object) -> list[dict]:
+    data = json.dumps([{"body_base64": base64.b64encode(b).decode(), **extra} for b in bodies])
+    r = c.post(f"/v1/topics/{topic}/messages", content=data, headers={"content-type": BATCH_JSON})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def pull_all(c: httpx.Client, topic: str, queue: int = 0, start: int = 0, step: int = 7) -> list[dict]:
+    out, off = [], start
+    while True:
+        page = c.get(f"/v1/topics/{topic}/queues/{queue}/messages", params={"offset": off, "max": step}).json()
+        out += page["messages"]
+        if page["next_offset"] >= page["max_offset"]:
+            return out
+        off = page["next_offset"]
+
+
+def bodies_of(msgs: list[dict]) -> list[bytes]:
+    return [base64.b64decode(m["body_base64"]) for m in msgs]
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd", "lz4"])
+def test_http_batch_is_one_record_read_back_one_message_at_a_time(unimq_server, tmp_path, compression) -> None:
+    server = start_server(unimq_server, tmp_path)
+    with httpx.Client(base_url=server.url(), timeout=30) as c:
+        create(c, "b", **{"batch.compression": compression})
+        sent = [f"m{i}".encode() * 10 for i in range(250)]
+        res = send_batch(c, "b", sent[:100], keys=["k1"], properties={"p": "v"}) + send_batch(c, "b", sent[100:])
+        assert [r["queue_offset"] for r in res] == list(range(250))
+        assert len({r["message_id"] for r in res}) == 250
+        got = pull_all(c, "b")
+        assert bodies_of(got) == sent
+        assert [m["queue_offset"] for m in got] == list(range(250))
+        assert [m["message_id"] for m in got] == [r["message_id"] for r in res]
+        assert got[0]["keys"] == ["k1"] and got[0]["properties"]["p"] == "v"
+        assert not any(k.startswith("__") for m in got for k in m["properties"])
+        # a read from the middle of a batch starts at that message
+        mid = c.get("/v1/topics/b/queues/0/messages", params={"offset": 57, "max": 5}).json()
+        assert [m["queue_offset"] for m in mid["messages"]] == [57, 58, 59, 60, 61]
+        assert mid["next_offset"] == 62 and mid["max_offset"] == 250
+        # the store holds 2 records: the consume queue has 2 entries for 250 offsets
+        stats = c.get("/v1/topics/b").json()
+        assert stats["queues"][0]["max_offset"] == 250
+    files = list((server.data_dir / "batchqueue" / "b" / "0").iterdir())
+    assert files and not (server.data_dir / "consumequeue" / "b").exists()
+
+
+def _mqtt_sub(port: int, topic: str) -> tuple[mqtt.Client, list[bytes]]:
+    got: list[bytes] = []
+    ready = threading.Event()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"bsub-{time.monotonic_ns()}", protocol=mqtt.MQTTv311)
+    c.on_message = lambda client, userdata, msg: got.append(msg.payload)
+    c.on_subscribe = lambda *a: ready.set()
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    c.subscribe(topic, qos=1)
+    assert ready.wait(20)
+    return c, got
+
+
+def _until(pred, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not (v := pred()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return v
+
+
+def test_every_sending_door_batches_and_every_reading_door_sees_single_messages(unimq_server, tmp_path) -> None:
+    """HTTP batch, CloudEvents batch mode and a gRPC SendMessage of several messages, each stored as
+    one record; read back by pull, HTTP pop, the official gRPC consumer, an MQTT subscriber and an
+    AMQP queue, one message at a time, offsets dense and in order."""
+    server = start_server(unimq_server, tmp_path)
+    sub, mqtt_got = _mqtt_sub(server.ports["mqtt"], "bd/#")
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.ports["amqp"]))
+    ch = conn.channel()
+    ch.queue_declare("bq")
+    ch.queue_bind("bq", "amq.topic", routing_key="bd.#")
+    with httpx.Client(base_url=server.url(), timeout=30) as c:
+        create(c, "bd", **{"batch.compression": "zstd"})
+        http_bodies = [b"h%d" % i for i in range(40)]
+        res = send_batch(c, "bd", http_bodies, properties={"mqtt_topic": "bd/http"})
+        events = [{"specversion": "1.0", "id": f"e{i}", "source": "/s", "type": "t", "mqtttopic": "bd/ce",
+                   "datacontenttype": "text/plain", "data": f"c{i}"} for i in range(30)]
+        r = c.post("/v1/topics/bd/events", content=json.dumps(events),
+                   headers={"content-type": "application/cloudevents-batch+json"})
+        assert r.status_code == 200, r.text
+        res += r.json()
+
+        async def grpc_send() -> list:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['grpc']}") as gch:
+                stub = sgrpc.MessagingServiceStub(gch)
+                msgs = [raw_message("bd", b"g%d" % i) for i in range(20)]
+                for m in msgs:
+                    m.user_properties["mqtt_topic"] = "bd/grpc"
+                a = await stub.SendMessage(spb.SendMessageRequest(messages=msgs), timeout=10)
+                assert a.status.code == pb.Code.OK, a.status
+                return [(e.message_id, e.offset) for e in a.entries]
+
+        entries = asyncio.run(grpc_send())
+        assert [o for _, o in entries] == list(range(70, 90))
+        want = http_bodies + [f"c{i}".encode() for i in range(30)] + [b"g%d" % i for i in range(20)]
+        assert [x["queue_offset"] for x in res] == list(range(70))
+        # the store holds three records for 90 offsets: three batch-queue entries
+        entries_file = sorted((server.data_dir / "batchqueue" / "bd" / "0").iterdir())[0].read_bytes()
+        assert entries_file[3 * 32 + 28: 3 * 32 + 32] == b"\0\0\0\0"  # no 4th entry (count 0)
+        assert entries_file[2 * 32 + 28: 2 * 32 + 32] == (20).to_bytes(4, "little")
+        # pull, one message at a time, from every offset
+        got = pull_all(c, "bd", step=1)
+        assert bodies_of(got) == want and [m["queue_offset"] for m in got] == list(range(90))
+        # HTTP pop: each message once, acked one by one
+        popped: list[dict] = []
+        while len(popped) < 90:
+            r = c.post("/v1/topics/bd/groups/hp/pop", params={"max": 32, "invisible_s": 60, "wait_s": 1})
+            assert r.status_code == 200, r.text
+            popped += r.json()["messages"]
+        assert sorted(bodies_of(popped)) == sorted(want)
+        r = c.post("/v1/topics/bd/groups/hp/ack", json={"receipt_handles": [m["receipt_handle"] for m in popped]})
+        assert r.status_code == 200 and r.json()["acked"] == 90
+    # the official gRPC consumer
+    with started(simple_consumer(server.ports["grpc"], "gc", {"bd": FilterExpression()})) as cons:
+        g = receive_until(cons, 90)
+    assert sorted(m.body for m in g) == sorted(want)
+    # MQTT subscriber and AMQP queue: each message of each batch, in order per source
+    _until(lambda: len(mqtt_got) >= 90, what=f"90 MQTT messages (got {len(mqtt_got)})")
+    assert mqtt_got == want
+    amqp_got: list[bytes] = []
+
+    def drain() -> bool:
+        while (b := ch.basic_get("bq", auto_ack=True)[2]) is not None:
+            amqp_got.append(b)
+        return len(amqp_got) >= 90
+
+    _until(drain, what="90 AMQP messages")
+    assert amqp_got == want
+    sub.loop_stop()
+    sub.disconnect()
+    conn.close()
