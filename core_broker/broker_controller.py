@@ -22,13 +22,13 @@ from . import consumer_stats
 from .config import BrokerConfig, StoreConfig
 from .deadline_loop import DeadlineLoop
 from .door_feed import DoorFeed
-from .errors import BadRequestError, TopicNotFoundError, UnimqError
+from .errors import BadRequestError, IllegalFilterExpressionError, TopicNotFoundError, UnimqError
 from .filter import compile_filter
 from .journal import Journal
 from .json_file import read_json, write_json_atomic
 from .message_query import MessageQueries
 from .message_store import MessageStore
-from .model import FilterExpression, GetResult, GetStatus, Message, MessageType, PutResult
+from .model import FilterExpression, FilterType, GetResult, GetStatus, Message, MessageType, PutResult
 from .pop_service import PoppedMessage, PopService
 from .receipt import ReceiptHandle
 from .system_topics import (
@@ -572,6 +572,7 @@ class BrokerController(MessageQueries):
         flt = None
         if filter_expression is not None and not filter_expression.matches_all:
             flt = compile_filter(filter_expression)
+            refuse_batch_sql(tc, filter_expression)
         is_fifo = tc.message_type == MessageType.FIFO if fifo is None else fifo
         wait_ms = min(max(wait_ms, 0), self.config.max_long_poll_ms)
         deadline = time.monotonic() + wait_ms / 1000.0
@@ -656,6 +657,7 @@ class BrokerController(MessageQueries):
         flt = None
         if filter_expression is not None and not filter_expression.matches_all:
             flt = compile_filter(filter_expression)
+            refuse_batch_sql(tc, filter_expression)
         deadline = time.monotonic() + min(max(wait_ms, 0), self.config.max_long_poll_ms) / 1000.0
         while True:
             if self.tier is None:
@@ -780,3 +782,12 @@ class BrokerController(MessageQueries):
                          tier_uploaded_segments=len(self.tier.uploader.in_tier),
                          tier_upload_failures=self.tier.uploader.failed_attempts)
         return stats
+
+
+def refuse_batch_sql(tc: TopicConfig, expr: FilterExpression) -> None:
+    """SQL92 filters read a message's properties, which the broker never sees inside a batch
+    record (it does not unpack): refused on batch topics. Tag filters work (a batch has one tag)."""
+    if expr.type == FilterType.SQL92 and tc.attributes.get("batch") == "true":
+        raise IllegalFilterExpressionError(
+            f"topic {tc.name!r} is a batch topic: SQL92 filters are refused (the broker does not open batches); "
+            "filter by tag, a batch's messages share one")

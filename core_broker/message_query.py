@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from .errors import BadRequestError
 from .message_store import MessageStore
 from .model import StoredMessage
 from .system_topics import HALF_TOPIC, P_REAL_TOPIC, TIMER_TOPIC, public_properties
@@ -44,6 +45,9 @@ class MessageQueries:
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,
                      max_count: int = 32) -> list[StoredMessage]:
         """Messages by key on local disk (:meth:`query_by_key_async` adds the tier's)."""
+        if self.store.is_batch_topic(topic):  # keys inside a batch record are never indexed
+            raise BadRequestError(f"topic {topic!r} is a batch topic: its messages' keys are kept but not "
+                                  "indexed, so it cannot be searched by key (read it by offset)")
         return self._by_key(self.store.query_by_key, topic, key, begin_ms, end_ms, max_count)
 
     async def query_by_key_async(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import signal
 import threading
 import time
 
@@ -172,3 +173,87 @@ def test_every_sending_door_batches_and_every_reading_door_sees_single_messages(
     sub.loop_stop()
     sub.disconnect()
     conn.close()
+
+
+def test_acking_one_message_of_a_batch_redelivers_the_others(unimq_server, tmp_path) -> None:
+    server = start_server(unimq_server, tmp_path, "--set", "broker.retry_backoff_ms=[0]",
+                          "--set", "broker.revive_interval_ms=100")
+    with httpx.Client(base_url=server.url(), timeout=30) as c:
+        create(c, "ba")
+        send_batch(c, "ba", [b"a%d" % i for i in range(10)])
+        r = c.post("/v1/topics/ba/groups/g/pop", params={"max": 10, "invisible_s": 1})
+        first = r.json()["messages"]
+        assert [m["queue_offset"] for m in first] == list(range(10))
+        acked = first[3]
+        r = c.post("/v1/topics/ba/groups/g/ack", json={"receipt_handles": [acked["receipt_handle"]]})
+        assert r.status_code == 200 and r.json()["acked"] == 1
+        again: list[dict] = []
+        deadline = time.monotonic() + 30
+        while len(again) < 9:
+            assert time.monotonic() < deadline, f"redelivered {bodies_of(again)}"
+            r = c.post("/v1/topics/ba/groups/g/pop", params={"max": 10, "invisible_s": 30, "wait_s": 1})
+            again += r.json()["messages"]
+        # every other message of the batch, each once, as itself; the acked one never again
+        assert sorted(bodies_of(again)) == sorted(b"a%d" % i for i in range(10) if i != 3)
+        assert all(m["delivery_attempt"] == 2 for m in again)
+        assert {m["message_id"] for m in again} == {m["message_id"] for m in first} - {acked["message_id"]}
+        time.sleep(0.5)
+        assert not c.post("/v1/topics/ba/groups/g/pop", params={"max": 10}).json()["messages"]
+
+
+def test_batches_survive_a_clean_restart_and_a_kill(unimq_server, tmp_path) -> None:
+    data = tmp_path / "data"
+    server = start_server(unimq_server, tmp_path, data_dir=data)
+    with httpx.Client(base_url=server.url(), timeout=30) as c:
+        create(c, "br", **{"batch.compression": "lz4"})
+        send_batch(c, "br", [b"x%d" % i for i in range(50)])
+        c.post("/v1/topics", json={"name": "plain", "queues": 1})  # a classic queue beside it
+        c.post("/v1/topics/plain/messages", content=b"p0")
+    assert server.stop() == 0
+    server = start_server(unimq_server, tmp_path, data_dir=data)
+    with httpx.Client(base_url=server.url(), timeout=30) as c:
+        send_batch(c, "br", [b"y%d" % i for i in range(50)])
+        assert [m["queue_offset"] for m in pull_all(c, "br")] == list(range(100))
+        assert bodies_of(pull_all(c, "plain")) == [b"p0"]
+    server.stop(signal.SIGKILL)
+    # a kill: recovery re-dispatches the commitlog; the batch entries come back once each
+    (data / "checkpoint").unlink(missing_ok=True)
+    server = start_server(unimq_server, tmp_path, data_dir=data)
+    with httpx.Client(base_url=server.url(), timeout=30) as c:
+        got = pull_all(c, "br")
+        assert bodies_of(got) == [b"x%d" % i for i in range(50)] + [b"y%d" % i for i in range(50)]
+        assert [m["queue_offset"] for m in got] == list(range(100))
+        res = send_batch(c, "br", [b"z0", b"z1"])
+        assert [r["queue_offset"] for r in res] == [100, 101]
+        assert bodies_of(pull_all(c, "plain")) == [b"p0"]
+
+
+def test_batch_topics_refuse_what_they_cannot_do_with_clear_errors(unimq_server, tmp_path) -> None:
+    server = start_server(unimq_server, tmp_path)
+    with httpx.Client(base_url=server.url(), timeout=30) as c:
+        create(c, "bx")
+        # delay and FIFO messages: the send's type error
+        r = c.post("/v1/topics/bx/messages", content=b"d", params={"delay_ms": 1000})
+        assert r.status_code == 400 and r.json()["error"] == "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
+        assert "batch topic" in r.json()["message"]
+        r = c.post("/v1/topics/bx/messages", content=b"f", params={"message_group": "g"})
+        assert r.status_code == 400 and r.json()["error"] == "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
+        # a batch topic of another type, or batch switched on or off later
+        for mtype in ("FIFO", "DELAY", "TRANSACTION", "COMPACTED"):
+            r = c.post("/v1/topics", json={"name": f"bx-{mtype}", "type": mtype, "attributes": {"batch": "true"}})
+            assert r.status_code == 400 and "batch topic" in r.json()["message"], r.text
+        r = c.patch("/v1/topics/bx", json={"attributes": {"batch": "false"}})
+        assert r.status_code == 400 and "fixed" in r.json()["message"]
+        r = c.post("/v1/topics", json={"name": "bx2", "attributes": {"batch.compression": "gzip"}})
+        assert r.status_code == 400
+        # SQL92 filters: refused; tag filters work (a batch has one tag)
+        send_batch(c, "bx", [b"t1", b"t2"], tag="red")
+        send_batch(c, "bx", [b"u1", b"u2"], tag="blue")
+        r = c.get("/v1/topics/bx/queues/0/messages", params={"offset": 0, "sql": "a = 'b'"})
+        assert r.status_code == 400 and r.json()["error"] == "ILLEGAL_FILTER_EXPRESSION"
+        r = c.get("/v1/topics/bx/queues/0/messages", params={"offset": 0, "tag": "blue"})
+        assert bodies_of(r.json()["messages"]) == [b"u1", b"u2"]
+        assert [m["queue_offset"] for m in r.json()["messages"]] == [2, 3]
+        # a malformed batch
+        r = c.post("/v1/topics/bx/messages", content=b'[{"nobody": 1}]', headers={"content-type": BATCH_JSON})
+        assert r.status_code == 400 and r.json()["error"] == "BAD_REQUEST"
