@@ -708,6 +708,13 @@ class BrokerController(MessageQueries):
             return None
         return self.store.get_raw(topic, queue_id, offset, max_count)
 
+    def pull_batches(self, topic: str, queue_id: int, offset: int, max_count: int) -> tuple[list, int, int] | None:
+        """A batch queue's records, whole (see MessageStore.get_batches); None: use pull()."""
+        tc = self.store.topics.get(topic)
+        if tc is None or queue_id not in tc.queue_ids or max_count < 1:
+            return None
+        return self.store.get_batches(topic, queue_id, offset, max_count)
+
     async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Commit a pull consumer's offset; journaled, so a crash does not roll it back."""
         if offset < 0:

@@ -626,6 +626,21 @@ class MessageStore:
         status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, out, next_off, cq.min_offset, cq.max_offset)
 
+    def get_batches(self, topic: str, queue_id: int, offset: int, max_count: int) -> tuple[list, int, int] | None:
+        """Queue offsets from ``offset`` of a batch queue as whole records, each read once:
+        ``([(first offset, count, record)], queue min, queue max)``, for bulk readers (the gateway's
+        Arrow pages) that take a batch's messages as columns. None: not a batch queue, or out of range."""
+        cq = self._cqs.get((topic, queue_id))
+        if not isinstance(cq, BatchConsumeQueue) or not cq.min_offset <= offset < cq.max_offset:
+            return None
+        out = []
+        for phys, _size, _th, first, n in cq.batches(offset, max_count):
+            try:
+                out.append((first, n, self._materialize(phys)))
+            except (CorruptRecordError, ValueError):
+                break
+        return (out, cq.min_offset, cq.max_offset) if out else None
+
     def batch_index_at(self, topic: str, queue_id: int, offset: int) -> int | None:
         """The index inside its batch record of the message at a batch queue's offset (None: a
         record of its own): a link made to it (retry, dead letter) names it."""

@@ -340,6 +340,17 @@ async def pull_page(reader: Reads, ctx: RequestContext, topic: str, queue_id: in
     a remote broker, link records, long polls at the end of the queue) goes through
     ``reader.pull`` and builds the batch from decoded messages.
     """
+    if filter_expression is None and hasattr(reader, "pull_batches"):  # a batch topic: whole records
+        whole = await reader.pull_batches(ctx, topic, queue_id, offset, max_count)
+        if whole is not None:
+            from .batch_arrow import batch_rows
+
+            end, rows = offset, []
+            for first, n, rec in whole[0]:
+                hi = min(first + n, offset + max_count)
+                rows.append(batch_rows(topic, queue_id, first, rec, max(first, end), hi))
+                end = hi
+            return ArrowPage(to_ipc(rows), MEDIA_TYPE, end, whole[1], whole[2])
     if filter_expression is None:
         raw = await reader.pull_raw(ctx, topic, queue_id, offset, max_count)
         if raw is not None:

@@ -313,6 +313,9 @@ class LocalBrokerClient:
     async def pull_raw(self, broker: str, topic: str, queue_id: int, offset: int, max_count: int) -> RawPage | None:
         return self._check(broker).pull_raw(topic, queue_id, offset, max_count)
 
+    async def pull_batches(self, broker: str, topic: str, queue_id: int, offset: int, max_count: int) -> tuple[list, int, int] | None:
+        return self._check(broker).pull_batches(topic, queue_id, offset, max_count)
+
     async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None:
         await self._check(broker).commit_offset(group, topic, queue_id, offset)
 

@@ -634,6 +634,14 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                 self.tracer.pulled(ctx, r.messages)
         return r
 
+    async def pull_batches(self, ctx: RequestContext, topic: str, queue_id: int, offset: int,
+                           max_count: int) -> tuple[list, int, int] | None:
+        """A batch topic's records whole, for :meth:`pull_arrow` (MessageStore.get_batches); None: use pull."""
+        self._check(ctx, _SUB, _TOPIC, topic)
+        whole = getattr(self.broker, "pull_batches", None)
+        return None if whole is None else await whole(await self._queue_broker(ctx, topic, queue_id, None), topic,
+                                                       queue_id, offset, max_count)
+
     async def commit_offset(
         self, ctx: RequestContext, group: str, topic: str, queue_id: int, offset: int, *, broker: str | None = None
     ) -> None:
