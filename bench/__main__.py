@@ -53,6 +53,7 @@ SECTIONS: dict[str, str] = {
     "compaction": "bench.compaction_bench",
     "auth": "bench.auth_bench",
     "trace": "bench.trace_bench",
+    "batch": "bench.batch_bench",
 }
 
 PEER_TIMED = """\

@@ -38,7 +38,7 @@ from core_broker.record import (
     FLAG_BATCH, P_BATCH_COUNT, P_BATCH_DISPATCH, P_BATCH_INDEX, decode_properties, encode_properties,
 )
 
-__all__ = ["MAGIC", "CODECS", "COLUMNS", "BatchError", "pack", "Unpacked", "unpack", "batch_record",
+__all__ = ["P_BATCH_COUNT", "MAGIC", "CODECS", "COLUMNS", "BatchError", "pack", "Unpacked", "unpack", "batch_record",
            "expand", "expand_all", "expand_popped", "compressed_block"]
 
 MAGIC = b"UMB1"
@@ -159,6 +159,20 @@ class Unpacked:
         if not 0 <= a <= b <= len(data):
             raise BatchError("batch column offsets out of order")
         return bytes(data[a:b])
+
+
+    def has_properties(self) -> bool:
+        return self.columns[2][0][self.count] > 0
+
+    def messages(self, topic: str, protocol: str) -> list[Message]:
+        """Every message of the batch as a Message to send (a door routes them one by one)."""
+        out = []
+        for i in range(self.count):
+            k, p, mid = self.field(1, i), self.field(2, i), self.field(3, i)
+            out.append(Message(topic, self.field(0, i), keys=tuple(k.decode().split("\0")) if k else (),
+                               properties=decode_properties(p) if p else {}, message_id=mid.decode() or None,
+                               born_timestamp_ms=self.born[i], protocol=protocol))
+        return out
 
 
 def unpack(body) -> Unpacked:

@@ -20,9 +20,9 @@ from typing import Sequence
 from core_broker.model import Message
 
 from .api import MessageTypeMismatchError, SendResult
-from .batch_codec import batch_record
+from .batch_codec import BatchError, batch_record, compressed_block, unpack
 
-__all__ = ["is_batch", "check_batchable", "Packed", "pack_call"]
+__all__ = ["is_batch", "check_batchable", "Packed", "pack_call", "packed_record"]
 
 
 def is_batch(config) -> bool:
@@ -101,3 +101,22 @@ def pack_call(messages: Sequence[Message], brokers: Sequence[str], batch_topics:
         p.brokers.append(brokers[i])
         i = j
     return p
+
+
+def packed_record(topic: str, body: bytes, compression: str | None, protocol: str, host: str,
+                  max_size: int) -> Message | None:
+    """The record of a batch packed by its producer, checked (header, lengths, decompresses) but
+    not re-encoded; None when its messages carry properties, which the doors route by (MQTT,
+    AMQP), so the caller sends them one by one. ``compression`` is the topic's (None: not a batch
+    topic, refused: a classic queue indexes records, not messages)."""
+    if compression is None:
+        raise BatchError(f"topic {topic!r} is not a batch topic (batch=true): a packed batch needs one")
+    if len(body) > max_size:
+        raise BatchError(f"a packed batch of {len(body)} bytes exceeds max_message_size ({max_size})")
+    codec, count, _ = compressed_block(body)
+    u = unpack(body)  # checks every column's bounds (and that it decompresses)
+    if u.has_properties():
+        return None
+    rec = batch_record(topic, (), body=body, count=count)
+    rec.protocol, rec.born_host, rec.born_timestamp_ms = protocol, host, int(u.born[0])
+    return rec

@@ -48,8 +48,8 @@ from .processor_admin import AdminCalls
 from .processor_columnar import ColumnarCalls
 from .processor_trace import TraceCalls
 from .trace import Tracer, check_trace_attributes
-from .batch_codec import expand_all, expand_popped
-from .batch_send import check_batchable, pack_call
+from .batch_codec import P_BATCH_COUNT, expand_all, expand_popped, unpack
+from .batch_send import check_batchable, pack_call, packed_record
 from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, PLAIN_KEYS_MAX as _PLAIN_KEYS_MAX, TopicPlan, message_type_of, select_queue
 
 __all__ = [
@@ -228,7 +228,8 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                     plans[topic] = plan
                     # a batch is spread over the queues in contiguous runs (n/queues each):
                     # every queue gets its share, and the store writes each run at once
-                    st = states[topic] = [plan, plan.rr, 0, max(1, -(-n // max(plan.nw, 1)))]
+                    # (on a batch topic the call is one batch: one queue, one record)
+                    st = states[topic] = [plan, plan.rr, 0, n if plan.batch else max(1, -(-n // max(plan.nw, 1)))]
                 plan = st[0]
                 last_topic = topic
             size = len(m.body)
@@ -329,6 +330,22 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             except Exception:  # a door's live delivery must never fail a stored send
                 log.exception("router %r failed after a send", router)
         return results
+
+    async def send_packed(self, ctx: RequestContext, topic: str, body: bytes) -> tuple[SendResult, int]:
+        """A batch its producer packed (``gateway/batch_codec.py``, maybe compressed) to a batch topic:
+        stored as it came, one record; the result of its first message and the count (see batch_send)."""
+        plan = self._plan_nowait(ctx, topic) or await self._send_plan(ctx, topic)
+        record = packed_record(topic, body, plan.batch, ctx.protocol, ctx.remote_address, self.config.max_message_size)
+        if record is None:  # its messages carry properties: routed one by one (MQTT, AMQP), then re-packed
+            msgs = unpack(body).messages(topic, ctx.protocol)
+            return (await self.send(ctx, msgs))[0], len(msgs)
+        q = plan.select(record)
+        record.queue_id = q.queue_id
+        (r, tid), = await self.broker.send(q.broker, [record], False, "")
+        n = int(record.properties[P_BATCH_COUNT])
+        self.metrics.inc("messages_in", ctx.protocol, n)
+        self.metrics.inc("bytes_in", ctx.protocol, len(body))
+        return SendResult(r[1], topic, q.broker, q.queue_id, r[3], tid, ()), n
 
     async def _send_grouped(
         self,

@@ -21,7 +21,7 @@ SOURCE_KEYS = {
     "maxmessagesperpartition", "pagesize", "pageformat", "failondataloss", "requesttimeoutms", "retries", "path",
     "compacted",
 }
-SINK_KEYS = {"endpoint", "topic", "requesttimeoutms", "retries", "path", "checkpointlocation", "queryname"}
+SINK_KEYS = {"endpoint", "topic", "requesttimeoutms", "retries", "batchsize", "path", "checkpointlocation", "queryname"}
 
 
 class OptionError(ValueError):
@@ -138,6 +138,7 @@ class SinkOptions:
     topic: str | None
     request_timeout_s: float = 60.0
     retries: int = 3
+    batch_size: int = 1  # rows per request: > 1 posts JSON batches (one record each on a batch topic)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "SinkOptions":
@@ -149,4 +150,5 @@ class SinkOptions:
             topic=(str(o.get("topic")).strip() or None) if o.get("topic") else None,
             request_timeout_s=(timeout_ms or 60_000) / 1000.0,
             retries=_int("retries", o.get("retries"), 3, minimum=0),  # type: ignore[arg-type]
+            batch_size=min(1024, _int("batchSize", o.get("batchsize"), 1, minimum=1)),  # type: ignore[type-var]
         )

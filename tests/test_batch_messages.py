@@ -25,7 +25,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
-from adapters.cloudevents.http_ingest import BATCH_JSON
+from adapters.cloudevents.http_ingest import BATCH_JSON, BATCH_PACKED
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -280,3 +280,39 @@ def test_arrow_pages_of_a_batch_topic_are_built_per_batch(unimq_server, tmp_path
         assert [x["body"] for x in rows] == bodies_of(want)
         assert [x["message_id"] for x in rows] == [m["message_id"] for m in want]
         assert rows[301]["keys"] == ["a", "b"] and rows[301]["mqtt_topic"] == "bw/x" and rows[0]["keys"] == []
+
+
+def test_a_batch_packed_by_its_producer_is_stored_as_it_came(unimq_server, tmp_path) -> None:
+    """``application/vnd.unimq.batch``: the producer packs (and compresses); the server checks and
+    stores the bytes; with properties (what MQTT and AMQP route by) the gateway routes each message."""
+    from gateway.batch_codec import pack
+
+    from core_broker.model import Message
+
+    server = start_server(unimq_server, tmp_path)
+    sub, mqtt_got = _mqtt_sub(server.ports["mqtt"], "bp/#")
+    with httpx.Client(base_url=server.url(), timeout=30) as c:
+        create(c, "bp")
+        body = pack([Message("bp", b"p%d" % i, keys=("k",) if i == 2 else ()) for i in range(500)], "zstd")
+        r = c.post("/v1/topics/bp/messages", content=body, headers={"content-type": BATCH_PACKED})
+        assert r.status_code == 200, r.text
+        assert r.json()["queue_offset"] == 0 and r.json()["count"] == 500
+        routed = pack([Message("bp", b"r%d" % i, properties={"mqtt_topic": "bp/x"}) for i in range(3)])
+        r = c.post("/v1/topics/bp/messages", content=routed, headers={"content-type": BATCH_PACKED})
+        assert r.status_code == 200 and r.json()["queue_offset"] == 500 and r.json()["count"] == 3
+        got = pull_all(c, "bp", step=100)
+        assert bodies_of(got) == [b"p%d" % i for i in range(500)] + [b"r0", b"r1", b"r2"]
+        assert got[2]["keys"] == ["k"] and [m["queue_offset"] for m in got] == list(range(503))
+        _until(lambda: len(mqtt_got) >= 3, what="the routed messages over MQTT")
+        assert mqtt_got == [b"r0", b"r1", b"r2"]
+        # the stored record is the producer's bytes
+        rec = (server.data_dir / "commitlog").iterdir().__next__().read_bytes()
+        assert body in rec
+        # not a batch, or not a batch topic: 400
+        r = c.post("/v1/topics/bp/messages", content=b"nope" * 8, headers={"content-type": BATCH_PACKED})
+        assert r.status_code == 400 and r.json()["error"] == "ILLEGAL_BATCH"
+        c.post("/v1/topics", json={"name": "np", "queues": 1})
+        r = c.post("/v1/topics/np/messages", content=body, headers={"content-type": BATCH_PACKED})
+        assert r.status_code == 400 and "not a batch topic" in r.json()["message"]
+    sub.loop_stop()
+    sub.disconnect()

@@ -21,6 +21,7 @@ from fastapi.responses import Response
 from starlette.routing import Route
 
 from core_broker.model import Message
+from gateway.batch_codec import unpack
 
 from .batch import messages_from_batch
 from .http_errors import ApiError
@@ -35,10 +36,12 @@ from .mapping import (
     message_from_structured,
 )
 
-__all__ = ["routes", "BATCH_JSON"]
+__all__ = ["routes", "BATCH_JSON", "BATCH_PACKED"]
 
 #: ``POST /v1/topics/{t}/messages`` with this Content-Type: a JSON array of messages (a batch).
 BATCH_JSON = "application/vnd.unimq.batch+json"
+#: ... with this one: a batch body as ``gateway/batch_codec.py`` packs it (the Spark sink's, a bench's).
+BATCH_PACKED = "application/vnd.unimq.batch"
 
 
 def routes(deps: Deps) -> tuple[APIRouter, Route]:
@@ -113,6 +116,14 @@ def routes(deps: Deps) -> tuple[APIRouter, Route]:
         if ct == BATCH_JSON:  # several messages in one call: one record on a batch topic
             msgs = messages_from_json_batch(topic, body, p.config.max_batch)
             return json_response(send_list_json(await p.send(request_context(request, "http"), msgs)))
+        if ct == BATCH_PACKED:  # packed (and maybe compressed) by the producer: stored as it came
+            ctx = request_context(request, "http")
+            if hasattr(p, "send_packed"):
+                r, n = await p.send_packed(ctx, topic, body)
+            else:  # a processor over RPC: the messages cross one by one
+                msgs = unpack(body).messages(topic, "http")
+                r, n = (await p.send(ctx, msgs))[0], len(msgs)
+            return json_response({**send_json(r), "count": n})
         props: dict[str, str] = {}
         for k, v in request.scope["headers"]:
             if k.startswith(b"unimq-prop-") and len(k) > 11:
