@@ -101,6 +101,9 @@ def validate_attributes(attributes: dict) -> dict[str, str]:
         raise BadRequestError(f"batch is true or false, not {attrs['batch']!r}")
     if attrs.get("batch.compression", "none") not in ("none", "zstd", "lz4"):
         raise BadRequestError(f"batch.compression is none, zstd or lz4, not {attrs['batch.compression']!r}")
+    linger = attrs.get("batch.linger_ms", "0")
+    if not (linger.isdigit() and int(linger) <= 1000):
+        raise BadRequestError(f"batch.linger_ms is a whole number of ms from 0 to 1000, not {linger!r}")
     return attrs
 
 

@@ -49,6 +49,7 @@ from .processor_columnar import ColumnarCalls
 from .processor_trace import TraceCalls
 from .trace import Tracer, check_trace_attributes
 from .batch_codec import P_BATCH_COUNT, expand_all, expand_popped, unpack
+from .batch_linger import Gathered, Linger
 from .batch_send import check_batchable, pack_call, packed_record
 from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, PLAIN_KEYS_MAX as _PLAIN_KEYS_MAX, TopicPlan, message_type_of, select_queue
 
@@ -83,6 +84,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         self._rr = itertools.count()
         self._route_rr: dict[str, int] = {}
         self._plans: dict[str, TopicPlan] = {}
+        self._linger = Linger(self.config.max_batch)  # single sends gathered into batches (batch.linger_ms)
         self._route_nowait = broker.route_nowait
         self._checkers: list[TransactionChecker] = []
         self._routers: list[Router] = []
@@ -198,6 +200,11 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         (a :class:`TopicPlan`); per message only the checks that depend on the message.
         """
         n = len(messages)
+        if n == 1 and not transactional and messages.__class__ is not Gathered:
+            plan = self._plans.get(messages[0].topic)
+            if plan is not None and plan.linger and plan is self._plan_nowait(ctx, messages[0].topic):
+                return [await self._linger.add(ctx, self._stamp(ctx, messages[0]), plan.linger, self.send)]
+            # (_stamp checks what one message could fail its whole batch with, before it waits)
         if not n:
             raise BadRequestError("nothing to send")
         if n > self.config.max_batch:
@@ -330,6 +337,16 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             except Exception:  # a door's live delivery must never fail a stored send
                 log.exception("router %r failed after a send", router)
         return results
+
+    @staticmethod
+    def _stamp(ctx: RequestContext, m: Message) -> Message:
+        """A message that waits for a batch carries its own sender's door, host and time."""
+        check_batchable(m.topic, "FIFO" if m.message_group else "DELAY" if m.delivery_time_ms else "NORMAL")
+        if m.protocol == "internal":
+            m.protocol = ctx.protocol
+        m.born_host = m.born_host or ctx.remote_address
+        m.born_timestamp_ms = m.born_timestamp_ms or int(time.time() * 1000)
+        return m
 
     async def send_packed(self, ctx: RequestContext, topic: str, body: bytes) -> tuple[SendResult, int]:
         """A batch its producer packed (``gateway/batch_codec.py``, maybe compressed) to a batch topic:

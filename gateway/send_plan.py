@@ -56,7 +56,7 @@ class TopicPlan:
     a str hash is cached, an enum's is not), and its round-robin position. ``fifo``: every
     message's queue is chosen by :meth:`select` (a FIFO topic by group, a compacted one by key)."""
 
-    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "keyed", "static", "rr", "batch")
+    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "keyed", "static", "rr", "batch", "linger")
 
     def __init__(self, route: TopicRoute, rr: int) -> None:
         self.route = route
@@ -70,6 +70,8 @@ class TopicPlan:
         self.rr = rr
         # a batch topic: its compression ("none", "zstd", "lz4"); None for any other topic
         self.batch = compression_of(route.config) if is_batch(route.config) else None
+        # single sends wait up to this many ms to join a batch (gateway/batch_linger.py); 0: off
+        self.linger = int(route.config.attributes.get("batch.linger_ms", "0")) if self.batch else 0
 
     def select(self, m: Message) -> QueueRoute:
         nw = self.nw

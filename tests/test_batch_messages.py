@@ -316,3 +316,41 @@ def test_a_batch_packed_by_its_producer_is_stored_as_it_came(unimq_server, tmp_p
         assert r.status_code == 400 and "not a batch topic" in r.json()["message"]
     sub.loop_stop()
     sub.disconnect()
+
+
+def test_linger_groups_single_sends_from_any_door_into_batches(unimq_server, tmp_path) -> None:
+    """``batch.linger_ms``: single sends (HTTP posts, MQTT publishes) to a batch topic wait up to the
+    linger and are stored together; each sender still gets its own offset."""
+    server = start_server(unimq_server, tmp_path)
+    with httpx.Client(base_url=server.url(), timeout=30) as c:
+        create(c, "bl", **{"batch.linger_ms": "300"})
+        send_batch(c, "bl", [b"warm"])  # the gateway's plan of the topic exists from here on
+
+    async def posts() -> list[int]:
+        async with httpx.AsyncClient(base_url=server.url(), timeout=30) as ac:
+            rs = await asyncio.gather(*(ac.post("/v1/topics/bl/messages", content=b"s%d" % i) for i in range(40)))
+        assert all(r.status_code == 200 for r in rs), [r.text for r in rs]
+        return [r.json()["queue_offset"] for r in rs]
+
+    offsets = asyncio.run(posts())
+    assert sorted(offsets) == list(range(1, 41))
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bl-pub", protocol=mqtt.MQTTv311)
+    pub.connect("127.0.0.1", server.ports["mqtt"])
+    pub.loop_start()
+    infos = [pub.publish("bl/dev", b"q%d" % i, qos=1) for i in range(10)]
+    for info in infos:
+        info.wait_for_publish(30)
+    pub.loop_stop()
+    pub.disconnect()
+    with httpx.Client(base_url=server.url(), timeout=30) as c:
+        got = pull_all(c, "bl")
+        assert [m["queue_offset"] for m in got] == list(range(51)), [(m["queue_offset"], base64.b64decode(m["body_base64"]), m["properties"], m["born_timestamp"]) for m in got if m["protocol"] == "mqtt"]
+        assert sorted(bodies_of(got)) == sorted([b"warm"] + [b"s%d" % i for i in range(40)] +
+                                                [b"q%d" % i for i in range(10)])
+        assert {m["protocol"] for m in got if m["body_base64"].startswith("cT")} == {"mqtt"}  # b"q..." base64
+        r = c.patch("/v1/topics/bl", json={"attributes": {"batch.linger_ms": "5000"}})
+        assert r.status_code == 400
+    # far fewer records than messages: the batch queue has fewer entries than offsets
+    f = sorted((server.data_dir / "batchqueue" / "bl" / "0").iterdir())[0].read_bytes()
+    entries = sum(1 for i in range(0, len(f), 32) if f[i + 28:i + 32] != b"\0\0\0\0")
+    assert entries < 20, entries
