@@ -5,8 +5,11 @@ What is timed: a few concurrent senders (asyncio, one connection each: httpx for
 grpc.aio stubs for gRPC, what the tests use) for a fixed time per mode; msgs/s is messages the
 server acknowledged as stored (async flush) per wall-clock second. Floors (issue 18): batches of
 100 >= 5x single sends of the same door in the same run; >= 1,000,000 msgs/s stored through at
-least one door. "Packed" rows: the producer packs a batch once (``gateway/batch_codec.py``)
-and posts it as ``application/vnd.unimq.batch``, which the server checks and stores as it came. The Spark read beside parquet is not measured here yet.
+least one door; the Spark source reading a batch topic >= 0.8x ``spark.read.parquet`` of the same
+rows (``local[2]``, each read is a ``noop`` write, median of 3 rounds; the topic loaded with
+packed batches of 1,000 small JSON bodies without properties, the parquet written from it by
+Spark, neither timed). "Packed" rows: the producer packs a batch once (``gateway/batch_codec.py``)
+and posts it as ``application/vnd.unimq.batch``, which the server checks and stores as it came.
 """
 
 from __future__ import annotations
@@ -109,6 +112,54 @@ async def _grpc(port: int, n: int, seconds: float) -> float:
     return done[0] / (time.perf_counter() - t0)
 
 
+def _spark(ctx: Context, http_port: int) -> list[Row]:
+    """The Spark source reading a batch topic beside spark.read.parquet of the same rows."""
+    import statistics
+
+    from core_broker.model import Message
+    from gateway.batch_codec import pack
+    from spark_ingest.session import get_spark, java_available
+
+    if not java_available():
+        return [Row("batch", "Spark source on a batch topic (skipped: no Java runtime)")]
+    n = 200_000 if ctx.quick else 1_000_000
+    rounds = 1 if ctx.quick else 3
+    base = f"http://127.0.0.1:{http_port}"
+    with httpx.Client(base_url=base, timeout=120) as c:
+        c.post("/v1/topics", json={"name": "bsp", "queues": 4, "attributes": {"batch": "true"}}).raise_for_status()
+        for s in range(0, n, 1000):
+            body = pack([Message("bsp", b'{"id":%d,"device":"dev-%d","temp":%.1f,"ok":%s}'
+                                 % (i, i % 100, 15 + (i % 200) / 10, b"true" if i % 7 else b"false"))
+                         for i in range(s, min(n, s + 1000))])
+            c.post("/v1/topics/bsp/messages", content=body, headers={"content-type": BATCH_PACKED}).raise_for_status()
+    scratch = ctx.scratch("batch-spark")
+    spark = get_spark("unimq-batch-bench", conf={"spark.driver.memory": "2g", "spark.ui.showConsoleProgress": "false"})
+    try:
+        src = spark.read.format("unimq").option("endpoint", base).option("topics", "bsp")
+        src.load().write.mode("overwrite").parquet(str(scratch / "parquet"))
+        paths = {"unimq": lambda: src.load(), "parquet": lambda: spark.read.parquet(str(scratch / "parquet"))}
+        counts = {k: f().count() for k, f in paths.items()}
+        if set(counts.values()) != {n}:
+            raise RuntimeError(f"row counts differ: {counts} (expected {n})")
+        times: dict[str, list[float]] = {k: [] for k in paths}
+        for _ in range(rounds):
+            for k, f in paths.items():
+                t = time.perf_counter()
+                f().write.format("noop").mode("overwrite").save()
+                times[k].append(time.perf_counter() - t)
+    finally:
+        spark.stop()
+    rate = {k: n / statistics.median(v) for k, v in times.items()}
+    ratio = rate["unimq"] / rate["parquet"]
+    runs = {k: " / ".join(f"{n / t:,.0f}" for t in v) for k, v in times.items()}
+    return [
+        Row("batch", f"Spark source, batch topic, {n:,} rows in records of 1,000 (rows/s)", rate["unimq"],
+            peer=f"parquet {fmt_int(rate['parquet'])} rows/s", ratio=f"{ratio:.2f}x", floor=">= 0.8x parquet",
+            meets=ratio >= 0.8, note=f"runs {runs['unimq']} rows/s"),
+        Row("batch", "spark.read.parquet of the same rows (peer)", rate["parquet"], note=f"runs {runs['parquet']} rows/s"),
+    ]
+
+
 def _start(data_dir) -> tuple[subprocess.Popen[str], int, int]:
     data_dir.mkdir(parents=True, exist_ok=True)
     cfg = data_dir.parent / "unimq-batch-bench.toml"
@@ -146,6 +197,7 @@ def run(ctx: Context) -> list[Row]:
             best = max(best, rate)
             rows.append(Row("batch", f"HTTP: 100 B, packed batches of {n:,}", rate))
         rows.append(Row("batch", "best door, stored msgs/s", best, floor=">= 1,000,000 msgs/s", meets=best >= 1e6))
+        rows += _spark(ctx, http_port)
     finally:
         stop(proc)
     return rows

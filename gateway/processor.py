@@ -201,9 +201,9 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         """
         n = len(messages)
         if n == 1 and not transactional and messages.__class__ is not Gathered:
-            plan = self._plans.get(messages[0].topic)
-            if plan is not None and plan.linger and plan is self._plan_nowait(ctx, messages[0].topic):
-                return [await self._linger.add(ctx, self._stamp(ctx, messages[0]), plan.linger, self.send)]
+            lp = self._plans.get(messages[0].topic)
+            if lp is not None and lp.linger and lp is self._plan_nowait(ctx, messages[0].topic):
+                return [await self._linger.add(ctx, self._stamp(ctx, messages[0]), lp.linger, self.send)]
             # (_stamp checks what one message could fail its whole batch with, before it waits)
         if not n:
             raise BadRequestError("nothing to send")
