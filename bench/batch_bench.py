@@ -192,7 +192,7 @@ def run(ctx: Context) -> list[Row]:
                 rows.append(Row("batch", f"{door}: 100 B, batches of {n:,}", rate, peer=f"single {fmt_int(single)}/s",
                                 ratio=f"{rate / single:.1f}x", floor=">= 5x single" if floor else "—",
                                 meets=(rate >= 5 * single) if floor else None))
-        for n in (1000, 10000):
+        for n in (1000, 10000, 30000):
             rate = asyncio.run(_packed(http_port, n, seconds))
             best = max(best, rate)
             rows.append(Row("batch", f"HTTP: 100 B, packed batches of {n:,}", rate))

@@ -44,26 +44,39 @@ def _server_ids(prefix: str, first_phys: int, a: int, b: int) -> pa.Array:
                                                   pa.py_buffer(np.ascontiguousarray(chars))])
 
 
+def offs_of(u: Unpacked, col: int, i: int) -> int:
+    return u.columns[col][0][i]
+
+
+def _same(value: str | None, n: int) -> pa.Array:
+    """``n`` times one string (or null), filled in C."""
+    nulls = pa.nulls(n, pa.string())
+    return nulls if value is None else nulls.fill_null(value)
+
+
 def batch_rows(topic: str, queue_id: int, first: int, rec: StoredMessage, lo: int, hi: int) -> pa.RecordBatch:
     """Rows for queue offsets [lo, hi) of the batch record ``rec`` whose first offset is ``first``."""
     u = Unpacked(rec.body)
     a, b = lo - first, hi - first
     n = b - a
     mids = _column(u, 3, pa.string()).slice(a, n)
-    if pc.min(pc.binary_length(mids)).as_py() == 0:
+    if offs_of(u, 3, b) == offs_of(u, 3, a):  # no client ids: the store's, generated
+        mids = _server_ids(rec.message_id[:18], rec.commitlog_offset, a, b)
+    elif pc.min(pc.binary_length(mids)).as_py() == 0:  # some message has no id of its own
         gen = _server_ids(rec.message_id[:18], rec.commitlog_offset, a, b)
         mids = pc.if_else(pc.greater(pc.binary_length(mids), 0), mids, gen)
     keys_raw = _column(u, 1, pa.string()).slice(a, n)
-    empty_lists = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()))
-    if pc.max(pc.binary_length(keys_raw)).as_py() == 0:
-        keys = empty_lists.cast(STR_LIST)
+    zeros = pa.array(np.zeros(n + 1, dtype=np.int32))
+    empty_lists = pa.ListArray.from_arrays(zeros, pa.array([], pa.string()), type=STR_LIST)
+    if offs_of(u, 1, a) == offs_of(u, 1, b):
+        keys = empty_lists
     else:
         keys = pc.if_else(pc.equal(pc.binary_length(keys_raw), 0), empty_lists,
-                          pc.split_pattern(keys_raw, "\0")).cast(STR_LIST)
+                          pc.split_pattern(keys_raw, "\0").cast(STR_LIST))
     base = public_properties({k: v for k, v in rec.properties.items() if not k.startswith("__batch_")})
     offs, data, _ = u.columns[2]
     if offs[b] - offs[a] == 0 and not base:
-        props = pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()),
+        props = pa.MapArray.from_arrays(zeros, pa.array([], pa.string()),
                                         pa.array([], pa.string()), type=STR_MAP)
         promoted = [pa.nulls(n, pa.string()) for _ in (MQTT_TOPIC_KEY, *CE_COLUMNS)]
     else:  # properties per message: decoded one by one (the map column has no cheaper source)
@@ -75,16 +88,16 @@ def batch_rows(topic: str, queue_id: int, first: int, rec: StoredMessage, lo: in
                                         pa.array([v for d in dicts for v in d.values()], pa.string()), type=STR_MAP)
         promoted = [pa.array([d.get(c) for d in dicts], pa.string()) for c in (MQTT_TOPIC_KEY, *CE_COLUMNS)]
     arrays = [
-        pa.array([topic] * n, pa.string()),
+        _same(topic, n),
         pa.array(np.full(n, queue_id, dtype=np.int32)),
         pa.array(np.arange(lo, hi, dtype=np.int64)),
         mids,
         keys,
-        pa.array([rec.tag] * n, pa.string()) if rec.tag else pa.nulls(n, pa.string()),
+        _same(rec.tag, n),
         pa.nulls(n, pa.string()),
         _column(u, 0, pa.binary()).slice(a, n),
         props,
-        pa.array([rec.protocol] * n, pa.string()),
+        _same(rec.protocol, n),
         timestamps(np.frombuffer(u.born, dtype=np.int64)[a:b]),
         timestamps(np.full(n, rec.store_timestamp_ms, dtype=np.int64)),
         *promoted,
