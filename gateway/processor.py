@@ -48,9 +48,9 @@ from .processor_admin import AdminCalls
 from .processor_columnar import ColumnarCalls
 from .processor_trace import TraceCalls
 from .trace import Tracer, check_trace_attributes
-from .batch_codec import P_BATCH_COUNT, expand_all, expand_popped, unpack
-from .batch_linger import Gathered, Linger
-from .batch_send import check_batchable, pack_call, packed_record
+from .batch_codec import expand_all, expand_popped
+from .batch_send import check_batchable, pack_call
+from .processor_bulk import BulkCalls
 from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, PLAIN_KEYS_MAX as _PLAIN_KEYS_MAX, TopicPlan, message_type_of, select_queue
 
 __all__ = [
@@ -65,7 +65,7 @@ _PUB, _SUB, _TOPIC, _GROUP = Action.PUBLISH, Action.SUBSCRIBE, Resource.TOPIC, R
 
 
 @namespaced_calls
-class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCalls, TraceCalls):
+class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCalls, TraceCalls, BulkCalls):
     """The processor API (gateway/api.py :class:`MessagingAPI`) over a broker client.
 
     Namespaces are applied to every call of the API by the class decorator
@@ -84,7 +84,6 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         self._rr = itertools.count()
         self._route_rr: dict[str, int] = {}
         self._plans: dict[str, TopicPlan] = {}
-        self._linger = Linger(self.config.max_batch)  # single sends gathered into batches (batch.linger_ms)
         self._route_nowait = broker.route_nowait
         self._checkers: list[TransactionChecker] = []
         self._routers: list[Router] = []
@@ -200,11 +199,8 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         (a :class:`TopicPlan`); per message only the checks that depend on the message.
         """
         n = len(messages)
-        if n == 1 and not transactional and messages.__class__ is not Gathered:
-            lp = self._plans.get(messages[0].topic)
-            if lp is not None and lp.linger and lp is self._plan_nowait(ctx, messages[0].topic):
-                return [await self._linger.add(ctx, self._stamp(ctx, messages[0]), lp.linger, self.send)]
-            # (_stamp checks what one message could fail its whole batch with, before it waits)
+        if n == 1 and not transactional and (lingered := await self._lingered(ctx, messages)) is not None:
+            return lingered  # gathered into a batch (batch.linger_ms): processor_bulk.py
         if not n:
             raise BadRequestError("nothing to send")
         if n > self.config.max_batch:
@@ -235,7 +231,6 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                     plans[topic] = plan
                     # a batch is spread over the queues in contiguous runs (n/queues each):
                     # every queue gets its share, and the store writes each run at once
-                    # (on a batch topic the call is one batch: one queue, one record)
                     st = states[topic] = [plan, plan.rr, 0, n if plan.batch else max(1, -(-n // max(plan.nw, 1)))]
                 plan = st[0]
                 last_topic = topic
@@ -337,32 +332,6 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             except Exception:  # a door's live delivery must never fail a stored send
                 log.exception("router %r failed after a send", router)
         return results
-
-    @staticmethod
-    def _stamp(ctx: RequestContext, m: Message) -> Message:
-        """A message that waits for a batch carries its own sender's door, host and time."""
-        check_batchable(m.topic, "FIFO" if m.message_group else "DELAY" if m.delivery_time_ms else "NORMAL")
-        if m.protocol == "internal":
-            m.protocol = ctx.protocol
-        m.born_host = m.born_host or ctx.remote_address
-        m.born_timestamp_ms = m.born_timestamp_ms or int(time.time() * 1000)
-        return m
-
-    async def send_packed(self, ctx: RequestContext, topic: str, body: bytes) -> tuple[SendResult, int]:
-        """A batch its producer packed (``gateway/batch_codec.py``, maybe compressed) to a batch topic:
-        stored as it came, one record; the result of its first message and the count (see batch_send)."""
-        plan = self._plan_nowait(ctx, topic) or await self._send_plan(ctx, topic)
-        record = packed_record(topic, body, plan.batch, ctx.protocol, ctx.remote_address, self.config.max_message_size)
-        if record is None:  # its messages carry properties: routed one by one (MQTT, AMQP), then re-packed
-            msgs = unpack(body).messages(topic, ctx.protocol)
-            return (await self.send(ctx, msgs))[0], len(msgs)
-        q = plan.select(record)
-        record.queue_id = q.queue_id
-        (r, tid), = await self.broker.send(q.broker, [record], False, "")
-        n = int(record.properties[P_BATCH_COUNT])
-        self.metrics.inc("messages_in", ctx.protocol, n)
-        self.metrics.inc("bytes_in", ctx.protocol, len(body))
-        return SendResult(r[1], topic, q.broker, q.queue_id, r[3], tid, ()), n
 
     async def _send_grouped(
         self,
@@ -667,14 +636,6 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             if self.tracer.on and not is_lmq(topic):  # a door's LMQ read-back is traced as its delivery
                 self.tracer.pulled(ctx, r.messages)
         return r
-
-    async def pull_batches(self, ctx: RequestContext, topic: str, queue_id: int, offset: int,
-                           max_count: int) -> tuple[list, int, int] | None:
-        """A batch topic's records whole, for :meth:`pull_arrow` (MessageStore.get_batches); None: use pull."""
-        self._check(ctx, _SUB, _TOPIC, topic)
-        whole = getattr(self.broker, "pull_batches", None)
-        return None if whole is None else await whole(await self._queue_broker(ctx, topic, queue_id, None), topic,
-                                                       queue_id, offset, max_count)
 
     async def commit_offset(
         self, ctx: RequestContext, group: str, topic: str, queue_id: int, offset: int, *, broker: str | None = None
