@@ -759,7 +759,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         m = await self.broker.query_by_id(message_id)
         if m is not None:
             self._check(ctx, _SUB, _TOPIC, m.topic)  # the resource is known once found
-        return m
+        return expand_all([m])[0] if m is not None else m  # a batch's first message, as itself
 
     async def query_messages_by_key(
         self, ctx: RequestContext, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 32
