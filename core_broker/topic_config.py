@@ -48,6 +48,8 @@ class TopicConfig:
             raise BadRequestError(
                 f"a batch topic (batch=true) is NORMAL, not {self.message_type.value}: a batch has one queue "
                 "position for all its messages (no FIFO order by group, delay, transaction or compaction)")
+        if self.attributes.get("batch") == "true" and self.attributes.get("static") == "true":
+            raise BadRequestError("a topic is a batch topic (batch=true) or static (static=true), not both (yet)")
 
     @property
     def queue_ids(self) -> range:

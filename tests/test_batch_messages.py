@@ -242,6 +242,8 @@ def test_batch_topics_refuse_what_they_cannot_do_with_clear_errors(unimq_server,
         for mtype in ("FIFO", "DELAY", "TRANSACTION", "COMPACTED"):
             r = c.post("/v1/topics", json={"name": f"bx-{mtype}", "type": mtype, "attributes": {"batch": "true"}})
             assert r.status_code == 400 and "batch topic" in r.json()["message"], r.text
+        r = c.post("/v1/topics", json={"name": "bx-static", "attributes": {"batch": "true", "static": "true"}})
+        assert r.status_code == 400 and "static" in r.json()["message"], r.text
         r = c.patch("/v1/topics/bx", json={"attributes": {"batch": "false"}})
         assert r.status_code == 400 and "fixed" in r.json()["message"]
         r = c.post("/v1/topics", json={"name": "bx2", "attributes": {"batch.compression": "gzip"}})
