@@ -142,3 +142,53 @@ def test_limits_values() -> None:
     for kind, name in (("group", "x"), ("user", ""), ("user", "role:x"), ("client", "a\nb")):
         with pytest.raises(InvalidArgumentError):
             parse_subject(kind, name)
+
+
+def test_a_connection_rate_per_user_client_and_address() -> None:
+    tc, clock = _tc({("user", "alice"): Limits(connections_per_s=2),
+                     ("address", "*"): Limits(connections_per_s=1),
+                     ("client", "c9"): Limits(connections_per_s=0.5)})
+    # the user's bucket holds two (one second's worth); refused attempts take nothing from it
+    tc.connect("alice", "a1").release()
+    tc.connect("alice", "a2").release()
+    with pytest.raises(QuotaExceededError) as e:
+        tc.connect("alice", "a3")
+    assert e.value.details["what"] == "connection_rate" and e.value.details["subject"] == "user:alice"
+    assert e.value.retry_after_s >= 1
+    clock.t += 0.5
+    tc.connect("alice", "a4").release()  # a second's worth comes back over a second
+    # every address gets a bucket of its own; the port is no part of it
+    tc.connect("bob", "", address="10.0.0.1:5000")
+    with pytest.raises(QuotaExceededError) as e:
+        tc.connect("bob", "", address="10.0.0.1:5001")
+    assert e.value.details["subject"] == "address:10.0.0.1"
+    tc.connect("bob", "", address="[::1]:5001")
+    assert tc.connections("address", "10.0.0.1") == 1 and tc.connections("address", "::1") == 1
+    # a client id's rate (floor: one connection saved up even below 1/s)
+    tc.connect("carol", "c9")
+    with pytest.raises(QuotaExceededError):
+        tc.connect("dave", "c9")
+    clock.t += 2.0
+    tc.connect("dave", "c9")
+    # zero: none at all
+    tc.install({("address", "10.9.9.9"): Limits(connections_per_s=0)})
+    with pytest.raises(QuotaExceededError):
+        tc.connect("erin", "", address="10.9.9.9:1")
+
+
+def test_an_address_limit_counts_connections_and_takes_no_publish_figures() -> None:
+    tc, _ = _tc({("address", "127.0.0.2"): Limits(connections=1)})
+    lease = tc.connect("alice", "x", address="127.0.0.2:1")
+    with pytest.raises(QuotaExceededError) as e:
+        tc.connect("bob", "y", address="127.0.0.2:2")
+    assert e.value.details == {"what": "connections", "subject": "address:127.0.0.2", "limit": 1,
+                               "retry_after_s": 1.0}
+    lease.release()
+    tc.connect("bob", "y", address="127.0.0.2:2")
+    assert parse_subject("address", "::0:1") == ("address", "::1")
+    for bad in ("host.example", "10.0.0.300", ""):
+        with pytest.raises(InvalidArgumentError):
+            parse_subject("address", bad)
+    Limits(connections=2, connections_per_s=1).check_kind("address")
+    with pytest.raises(InvalidArgumentError):
+        Limits(publish_msgs_per_s=1).check_kind("address")

@@ -518,13 +518,15 @@ class AmqpConnection(asyncio.Protocol):
                                 10, 40, hard=True)
             if ids is not None:  # a connection slot of the user and client id (gateway.access.traffic)
                 try:
-                    self.lease = ids.traffic.connect(self.ctx.principal, self.ctx.client_id)
+                    self.lease = ids.traffic.connect(self.ctx.principal, self.ctx.client_id, address=self.peer)
                 except QuotaExceededError as e:
                     self.broker.processor.metrics.inc("quota_exceeded", "amqp")
                     log.warning("refused: protocol=amqp user=%s from=%s: %s", self.user, self.peer, e)
                     kind, _, who = str(e.details.get("subject", "")).partition(":")
-                    raise AmqpError(codec.NOT_ALLOWED, f"Connection refused for {kind} '{who}': {kind} connection "
-                                    f"limit ({e.details.get('limit')}) is reached", 10, 40, hard=True) from None
+                    what = "connection rate limit ({:g}/s)" if e.details.get("what") == "connection_rate" \
+                        else "connection limit ({})"
+                    raise AmqpError(codec.NOT_ALLOWED, f"Connection refused for {kind} '{who}': {kind} "
+                                    f"{what.format(e.details.get('limit'))} is reached", 10, 40, hard=True) from None
             self.vhost = vh
             self.state = nxt
             if self._close_timer is not None:
@@ -554,11 +556,13 @@ class AmqpConnection(asyncio.Protocol):
         user: str | None = None
         if ids is not None:
             await ids.throttle.wait("amqp", self.peer)
-        if m.mechanism != "EXTERNAL" and ids is not None and ids.has_users:  # the store, then amqp_users
+        if m.mechanism != "EXTERNAL" and ids is not None and (ids.has_users or ids.jwt is not None):
+            # a JWT whose subject is the user name, the store, then amqp_users
             name, password = credentials(m.mechanism, m.response)
-            if isinstance(name, str) and isinstance(password, str) and \
-                    await ids.authenticate_password(name, password) is not None:
-                user = name
+            if isinstance(name, str) and isinstance(password, str):
+                if await ids.token_names(password, name) or \
+                        (ids.has_users and await ids.authenticate_password(name, password) is not None):
+                    user = name
         if user is None:
             try:
                 user = self._external_user() if m.mechanism == "EXTERNAL" else authenticate(m, self.settings, self.peer)

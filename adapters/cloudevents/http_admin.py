@@ -20,7 +20,7 @@ from fastapi.responses import Response
 
 from core_broker.errors import InvalidArgumentError
 from gateway.access.imports import Imported, mosquitto, rabbitmq_definitions
-from gateway.access.limits import Limits
+from gateway.access.limits import Limits, parse_subject
 from gateway.access.model import Permission, parse_actions
 from gateway.access.store import IdentityStore
 from gateway.auth import Action, Resource
@@ -183,14 +183,16 @@ def router(deps: Deps) -> APIRouter:
 
     @router.get("/quotas")
     async def list_quotas(request: Request) -> Response:
-        """Every traffic limit: `{"kind": user|client, "name", "connections", "publish_msgs_per_s",
-        "publish_bytes_per_s", "subscriptions", "open_connections"}` (a figure left out: no limit)."""
+        """Every traffic limit: `{"kind": user|client|address, "name", "connections", "connections_per_s",
+        "publish_msgs_per_s", "publish_bytes_per_s", "subscriptions", "open_connections"}` (a figure left
+        out: no limit)."""
         store = await store_for(request, "quotas")
         return json_response([limits_view(store, k, n, lim) for (k, n), lim in sorted(store.snapshot.limits.items())])
 
     @router.get("/quotas/{kind}/{name}")
     async def get_quota(request: Request, kind: str = Path(), name: str = Path()) -> Response:
         store = await store_for(request, "quotas")
+        kind, name = parse_subject(kind, name)
         lim = store.snapshot.limits.get((kind, name))
         if lim is None:
             raise ApiError(404, "QUOTA_NOT_FOUND", f"no limits for {kind} {name!r}")
@@ -198,13 +200,15 @@ def router(deps: Deps) -> APIRouter:
 
     async def _set_quota(request: Request, kind: str, name: str, merge: bool) -> Response:
         store = await store_for(request, "quotas")
+        kind, name = parse_subject(kind, name)
         lim = await store.set_limits(kind, name, Limits.from_dict(await body_of(request)), merge=merge)
         return json_response(limits_view(store, kind, name, lim))
 
     @router.put("/quotas/{kind}/{name}")
-    async def put_quota(request: Request, kind: str = Path(description="user or client"),
-                        name: str = Path(description="a user name, a client id, or * for every one")) -> Response:
-        """Set the limits of a user or a client id (those left out: no limit); open connections
+    async def put_quota(request: Request, kind: str = Path(description="user, client or address"),
+                        name: str = Path(description="a user name, a client id, an IP address, or * for every one")
+                        ) -> Response:
+        """Set the limits of a user, a client id or an address (those left out: no limit); open connections
         follow within a second."""
         return await _set_quota(request, kind, name, False)
 

@@ -32,6 +32,7 @@ from . import (http_admin, http_console, http_ingest, http_ops, http_pop, http_p
                http_trace)
 from .http_auth import AuthMiddleware
 from .http_certs import PeerCerts
+from .http_connections import PeerLeases
 from .http_errors import STATUS_OF_CODE, install_error_handlers
 from .http_request import Deps
 from .http_responses import send_json, send_list_json
@@ -44,9 +45,10 @@ if TYPE_CHECKING:  # imported for type hints only
 __all__ = ["create_app", "STATUS_OF_CODE", "send_json", "send_list_json"]
 
 
-def create_app(state: ServerState[Any], certs: PeerCerts | None = None) -> FastAPI:
+def create_app(state: ServerState[Any], certs: PeerCerts | None = None, leases: PeerLeases | None = None) -> FastAPI:
     """Build the FastAPI app for one server; ``state.phase`` drives ``/healthz``; ``certs``: the
-    HTTPS connections' client certificate names, when they are identities (``http_cert_identity``)."""
+    HTTPS connections' client certificate names, when they are identities (``http_cert_identity``);
+    ``leases``: the connections' slots under the traffic limits (``http_connections``)."""
     deps = Deps.of(state)
     push = PushManager(state.processor, getattr(state.settings, "http_push_allowed_hosts", []))
     collector = UnimqCollector(state.processor, push, state.clients,
@@ -111,5 +113,5 @@ def create_app(state: ServerState[Any], certs: PeerCerts | None = None) -> FastA
     admin.include_router(http_trace.router(deps, prefix="", not_found=False))  # a message's trace, for the console and the CLI
     app.mount("/v1/admin", admin)
     # Basic / Bearer logins, checked against the process's identity store before any route runs.
-    app.add_middleware(AuthMiddleware, state=state, certs=certs)
+    app.add_middleware(AuthMiddleware, state=state, certs=certs, leases=leases)
     return app

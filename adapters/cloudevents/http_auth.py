@@ -8,6 +8,8 @@ request without credentials goes on anonymously, one with credentials that do
 not verify gets 401 at once; what an identity may do is decided in the
 processor's authorizer (``gateway.access``), which the routes' processor
 calls ask (403 when refused, 401 for an anonymous caller who must log in).
+Once it knows who a connection's first request is, it takes the connection's
+slot under the traffic limits (``http_connections``; 429 when refused).
 
 :func:`parse_authorization` is sans-io and strict: RFC 7617 Basic (base64 of
 ``user:password``, UTF-8) and RFC 6750 Bearer (a token68); anything else is
@@ -20,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -28,6 +31,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.access.certs import known_identity
 from gateway.access.tokens import TokenError, looks_like_jwt
+from gateway.access.traffic import QuotaExceededError
 from gateway.context import RequestContext
 
 __all__ = ["AuthMiddleware", "Basic", "Bearer", "MalformedCredentials", "WWW_AUTHENTICATE", "parse_authorization",
@@ -92,6 +96,13 @@ def unauthorized(message: str, invalid_token: bool = False) -> JSONResponse:
                         headers={"www-authenticate": challenge})
 
 
+def too_many_connections(e: QuotaExceededError) -> JSONResponse:
+    """429 for a connection a connection limit or rate refuses; the connection is closed after it."""
+    retry = e.retry_after_s
+    return JSONResponse({"error": e.code, "message": str(e), "retry_after_s": retry}, status_code=429,
+                        headers={"retry-after": str(max(1, math.ceil(retry))), "connection": "close"})
+
+
 def principal_of(scope: dict[str, Any]) -> str | None:
     return scope.get(PRINCIPAL_KEY)
 
@@ -99,10 +110,26 @@ def principal_of(scope: dict[str, Any]) -> str | None:
 class AuthMiddleware:
     """Authenticates ``Authorization`` against the process's identity store (``state.identities``)."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], state: Any, certs: Any = None) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], state: Any, certs: Any = None, leases: Any = None) -> None:
         self.app = app
         self.state = state
         self.certs = certs  # http_certs.PeerCerts: HTTPS client certificates as identities, or None
+        self.leases = leases  # http_connections.PeerLeases: connections under the traffic limits, or None
+
+    async def _admitted(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The request, once its connection holds its slot (taken at the connection's first request)."""
+        leases = self.leases
+        if leases is not None:
+            try:
+                leases.admit(self.state.identities.traffic, scope.get("client"), scope.get(PRINCIPAL_KEY))
+            except QuotaExceededError as e:
+                processor = self.state.processor
+                if processor is not None:
+                    processor.metrics.inc("quota_exceeded", "http")
+                log.warning("refused: protocol=http from=%s: %s", (scope.get("client") or ("-",))[0], e)
+                await too_many_connections(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -122,7 +149,7 @@ class AuthMiddleware:
                     await unauthorized(f"the client certificate's name {name!r} is no user")(scope, receive, send)
                     return
                 scope[PRINCIPAL_KEY] = name
-            await self.app(scope, receive, send)
+            await self._admitted(scope, receive, send)
             return
         identities = self.state.identities
         principal, why, invalid_token = None, "no identity store", False
@@ -160,7 +187,7 @@ class AuthMiddleware:
             return
         identities.throttle.succeeded("http", ip)
         scope[PRINCIPAL_KEY] = principal
-        await self.app(scope, receive, send)
+        await self._admitted(scope, receive, send)
 
 
 def context_of(scope: dict[str, Any], protocol: str) -> RequestContext:

@@ -1,4 +1,5 @@
-"""HTTPS client certificates as identities (``http_cert_identity``): which connection carries which CN.
+"""HTTPS client certificates as identities (``http_cert_identity``): which connection carries which CN;
+and the connection slots of the traffic limits (``http_connections``), which follow the same connections.
 
 Why a table beside uvicorn: an ASGI scope names its connection only by the
 peer's address (``scope["client"]``) and carries no TLS details in uvicorn, so
@@ -8,7 +9,8 @@ the CN of each connection's verified client certificate
 to forget it when it is lost. The login middleware (``http_auth``) reads it for
 a request without an ``Authorization`` header. Only ``asyncio.Protocol``'s own
 ``connection_made``/``connection_lost`` are extended, so any uvicorn HTTP
-protocol implementation works.
+protocol implementation works. The same extension notes each connection in a
+:class:`http_connections.PeerLeases` (and releases its slot when lost).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import asyncio
 from typing import Any
 
 from gateway.access.certs import cert_identity
+
+from .http_connections import PeerLeases
 
 __all__ = ["PeerCerts", "protocol_class"]
 
@@ -33,24 +37,34 @@ class PeerCerts:
         return self.names.get((client[0], client[1]))
 
 
-def protocol_class(base: type[asyncio.Protocol], certs: PeerCerts) -> type[asyncio.Protocol]:
-    """``base`` (uvicorn's HTTP protocol) noting each connection's certificate name in ``certs``."""
+def protocol_class(base: type[asyncio.Protocol], certs: PeerCerts | None,
+                   leases: PeerLeases | None = None) -> type[asyncio.Protocol]:
+    """``base`` (uvicorn's HTTP protocol) noting each connection's certificate name in ``certs`` and each
+    connection in ``leases`` (either may be None)."""
 
-    class CertProtocol(base):  # type: ignore[valid-type, misc]
+    class PeerProtocol(base):  # type: ignore[valid-type, misc]
         _peer_key: tuple[str, int] | None = None
+        _noted = False
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
-            name = cert_identity(transport)
-            if name is not None:
-                peer = transport.get_extra_info("peername")
-                if isinstance(peer, tuple) and len(peer) >= 2:
-                    self._peer_key = (peer[0], peer[1])
-                    certs.names[self._peer_key] = name
+            peer = transport.get_extra_info("peername")
+            if isinstance(peer, tuple) and len(peer) >= 2:
+                self._peer_key = (peer[0], peer[1])
+                name = cert_identity(transport) if certs is not None else None
+                if name is not None:
+                    certs.names[self._peer_key] = name  # type: ignore[union-attr]
+                    self._noted = True
+                if leases is not None:
+                    leases.opened(self._peer_key)
             super().connection_made(transport)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._peer_key is not None:
-                certs.names.pop(self._peer_key, None)
+            key = self._peer_key
+            if key is not None:
+                if self._noted:
+                    certs.names.pop(key, None)  # type: ignore[union-attr]
+                if leases is not None:
+                    leases.lost(key)
             super().connection_lost(exc)
 
-    return CertProtocol
+    return PeerProtocol

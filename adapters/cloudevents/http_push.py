@@ -3,7 +3,9 @@
 Why thin: the deliveries themselves (retries with backoff, the group's DLQ,
 in-flight limits) are ``push.py``'s :class:`PushManager`; these routes create,
 list, show and delete its subscriptions, each after checking that the process
-is ready.
+is ready. A subscription notes who created it (``owner``): a user's push
+subscriptions count against its ``subscriptions`` limit (``gateway.access.traffic``;
+429 beyond it), as an MQTT connection's subscriptions do.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from gateway.access.model import ANONYMOUS
+from gateway.access.traffic import QuotaExceededError, TrafficControl
 from gateway.auth import Action, Resource
 
 from .http_models import ERRORS, SubscriptionIn
@@ -45,7 +49,23 @@ def router(deps: Deps, push: PushManager) -> APIRouter:
     async def create_subscription(body: SubscriptionIn, request: Request) -> Response:
         """Push a topic's events to a webhook: at-least-once, retries with backoff, then the group's DLQ."""
         may_consume(request, body.topic, body.group or "push-")
-        return json_response(await push.create(body.model_dump()), 201)
+        ctx = request_context(request, "http")
+        ids = deps.state.identities
+        if ids is not None and ids.traffic.active and not ctx.trusted:
+            within_limit(ids.traffic, ctx.principal)
+        return json_response(await push.create(body.model_dump(), owner=ctx.principal), 201)
+
+    def within_limit(traffic: TrafficControl, principal: str | None) -> None:
+        """QuotaExceededError (429) when the caller has as many push subscriptions as its limit allows."""
+        most = traffic.meter(principal).subscriptions()
+        if most is None:
+            return
+        name = principal if principal is not None else ANONYMOUS
+        have = sum(1 for s in push.list() if s.get("owner", ANONYMOUS) == name)
+        if have >= most:
+            processor().metrics.inc("quota_exceeded", "http")
+            raise QuotaExceededError(f"user '{name}' has reached its subscription limit ({most})",
+                                     what="subscriptions", subject=f"user:{name}", limit=most, retry_after_s=60.0)
 
     @router.get("/v1/subscriptions", tags=["push"])
     async def list_subscriptions(request: Request) -> Response:

@@ -338,10 +338,13 @@ class PushManager:
         self.runners[sub["id"]] = r
         r.start()
 
-    async def create(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+    async def create(self, spec: Mapping[str, Any], owner: str | None = None) -> dict[str, Any]:
+        """A new subscription; ``owner``: the user creating it (counted against its subscription limit)."""
         sub = normalize(spec, self.allowed_hosts)
         sid = uuid.uuid4().hex
         sub["id"] = sid
+        if owner is not None:
+            sub["owner"] = owner
         if not sub["group"]:
             sub["group"] = f"push-{sid}"
         sub["created"] = int(time.time() * 1000)

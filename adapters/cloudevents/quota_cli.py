@@ -1,4 +1,4 @@
-"""`unimq quota set|list|delete`: traffic limits per user and client id, over the admin API.
+"""`unimq quota set|list|delete`: traffic limits per user, client id and address, over the admin API.
 
 Why over HTTP: limits are kept with the users and permissions in the brokers'
 door state (``gateway.access.store``) and every gateway applies them
@@ -25,15 +25,17 @@ from .admin_client import EXIT_ERROR, EXIT_USAGE, add_common, call, exit_code, p
 __all__ = ["add_parser", "run"]
 
 #: CLI flag -> the admin API's figure
-_FLAGS = {"connections": "connections", "msgs_per_s": "publish_msgs_per_s",
+_FLAGS = {"connections": "connections", "connections_per_s": "connections_per_s", "msgs_per_s": "publish_msgs_per_s",
           "bytes_per_s": "publish_bytes_per_s", "subscriptions": "subscriptions"}
 
 
 def _subject(p: argparse.ArgumentParser) -> None:
-    p.add_argument("kind", choices=("user", "client"), help="a limit of a user or of a client id")
+    p.add_argument("kind", choices=("user", "client", "address"),
+                   help="a limit of a user, of a client id or of a client's IP address")
     p.add_argument("name", help="user: a user name (anonymous: clients without credentials); client: a client id "
-                                "(MQTT client id, AMQP connection_name, RocketMQ client id); *: every one, each "
-                                "with a budget of its own")
+                                "(MQTT client id, AMQP connection_name, RocketMQ client id); address: an IP "
+                                "address (connections and connection rate only); *: every one, each with a "
+                                "budget of its own")
 
 
 def add_parser(sub: Any) -> None:
@@ -42,7 +44,7 @@ def add_parser(sub: Any) -> None:
     add_common(shared, argparse.SUPPRESS)
     q = sub.add_parser("quota", help="traffic limits per user or client id on a running unimq (over its HTTP door)",
                        description="Traffic limits of a running unimq, through its HTTP door's admin API "
-                                   "(/v1/admin/quotas): connections, publish messages/s and bytes/s, "
+                                   "(/v1/admin/quotas): connections, connections/s, publish messages/s and bytes/s, "
                                    "subscriptions per connection.")
     add_common(q, None)
     acts = q.add_subparsers(dest="quota_command", metavar="ACTION")
@@ -50,6 +52,8 @@ def add_parser(sub: Any) -> None:
     st = acts.add_parser("set", parents=[shared], help="set some limits (the others stay as they are)")
     _subject(st)
     st.add_argument("--connections", type=int, metavar="N", help="open connections at once (per gateway)")
+    st.add_argument("--connections-per-s", type=float, metavar="R",
+                    help="new connections per second (per gateway); more are refused")
     st.add_argument("--msgs-per-s", type=float, metavar="R", help="messages published per second")
     st.add_argument("--bytes-per-s", type=float, metavar="R", help="message body bytes published per second")
     st.add_argument("--subscriptions", type=int, metavar="N", help="subscriptions (consumers) per connection")
@@ -71,7 +75,8 @@ def _call(args: argparse.Namespace) -> tuple[int, Any] | int:
         return call(args, "DELETE", _path(args))
     given = {figure: getattr(args, flag) for flag, figure in _FLAGS.items() if getattr(args, flag) is not None}
     if not given:
-        print("unimq: error: give at least one of --connections, --msgs-per-s, --bytes-per-s, --subscriptions",
+        print("unimq: error: give at least one of --connections, --connections-per-s, --msgs-per-s, --bytes-per-s, "
+              "--subscriptions",
               file=sys.stderr)
         return EXIT_USAGE
     if not args.none:

@@ -20,6 +20,7 @@ from gateway.door import ServerState, bind_socket
 from .embedded_uvicorn import EmbeddedUvicorn
 from .http_app import create_app
 from .http_certs import PeerCerts, protocol_class
+from .http_connections import PeerLeases
 
 __all__ = ["HttpDoor"]
 
@@ -41,8 +42,10 @@ class HttpDoor:
         tls = self._state.server_tls(files, "HTTPS door") if files is not None else None
         sock = bind_socket(settings.host, settings.http_port, reuse_port=settings.reuse_port)
         certs = PeerCerts() if tls is not None and getattr(settings, "http_cert_identity", False) else None
+        # connections under the traffic limits (http_connections.py): wherever there is an identity store
+        leases = PeerLeases() if getattr(self._state, "identities", None) is not None else None
         config = uvicorn.Config(
-            create_app(self._state, certs),
+            create_app(self._state, certs, leases),
             log_level="warning",
             log_config=None,  # keep the process's logging setup (unimq.cli) instead of uvicorn's
             lifespan="on",  # the app's lifespan starts and stops the HTTP door's push deliveries
@@ -52,8 +55,10 @@ class HttpDoor:
         if tls is not None:
             config.load()  # serve() skips a loaded config; its ssl is then the door's context
             config.ssl = tls.context
-            if certs is not None:  # client certificates as identities (http_certs.py)
-                config.http_protocol_class = protocol_class(config.http_protocol_class, certs)
+        if certs is not None or leases is not None:  # per-connection state (http_certs.py)
+            if not config.loaded:
+                config.load()
+            config.http_protocol_class = protocol_class(config.http_protocol_class, certs, leases)
         server = EmbeddedUvicorn(config)
         self._server = server
         self._task = asyncio.create_task(server.serve(sockets=[sock]), name="unimq-http")

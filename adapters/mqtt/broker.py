@@ -35,7 +35,6 @@ from typing import Any, Coroutine, Sequence
 from core_broker.errors import MessageTooLargeError, StoreFullError, UnimqError
 from core_broker.model import DispatchTarget, Message
 from gateway.access.certs import cert_identity, is_tls, known_identity
-from gateway.access.tokens import TokenError
 from gateway.access.traffic import QuotaExceededError
 from gateway.api import MessagingAPI
 from gateway.auth import AllOf, Authorizer
@@ -665,11 +664,13 @@ class MQTTBroker:
         if ids is not None:  # a connection slot of the user and client id (a takeover frees its own)
             prev = self.sessions.get(cid)
             try:
-                conn.lease = ids.traffic.connect(pkt.username, cid, replaces=prev is not None and prev.conn is not None)
+                conn.lease = ids.traffic.connect(pkt.username, cid, address=conn.peer,
+                                                 replaces=prev is not None and prev.conn is not None)
             except QuotaExceededError as e:
                 self.processor.metrics.inc("quota_exceeded", "mqtt")
                 log.warning("refused: protocol=mqtt client=%s from=%s: %s", cid, conn.peer, e)
-                conn.refuse(C.RC_QUOTA_EXCEEDED, str(e))  # 3.1.1: 3, server unavailable
+                rate = e.details.get("what") == "connection_rate"  # 0x9F Connection rate exceeded
+                conn.refuse(C.RC_CONNECTION_RATE_EXCEEDED if rate else C.RC_QUOTA_EXCEEDED, str(e))  # 3.1.1: 3
                 return
         # another gateway's session comes here first (fleet.py), then the takeover here
         await self.fleet.claim(cid, pkt.clean_start)
@@ -756,13 +757,7 @@ class MQTTBroker:
     async def _token_login(self, username: str, password: bytes | None) -> bool:
         """A JWT of a configured issuer as the password (as EMQX's JWT authentication): valid, and its
         subject is the CONNECT's user name (``gateway.access.tokens``)."""
-        if not password or password.count(b".") != 2:
-            return False
-        try:
-            return await self.identities.authenticate_token(password.decode("ascii")) == username
-        except (TokenError, UnicodeDecodeError) as e:
-            log.info("mqtt: a password that looks like a JWT for %r was refused: %s", username, e)
-            return False
+        return await self.identities.token_names(password, username)
 
     def detach(self, conn: Connection) -> None:
         """The connection is gone (closed by either side): will, session end or expiry."""

@@ -44,7 +44,7 @@ from .passwords import hash_password, needs_rehash, verify_password
 from .permissions import Rules
 from .login_throttle import LoginThrottle
 from .limits import Limits, parse_subject
-from .tokens import JwtVerifier, TokenError
+from .tokens import JwtVerifier, TokenError, looks_like_jwt
 from .traffic import TrafficControl
 
 if TYPE_CHECKING:
@@ -205,6 +205,21 @@ class IdentityStore:
             self.rules = Rules(self.snapshot, self.token_roles)  # a new object: cached decisions are dropped
         return user
 
+    async def token_names(self, token: str | bytes | None, user: str) -> bool:
+        """Is ``token`` (a password) a JWT of a configured issuer whose subject is ``user`` (as EMQX's JWT
+        authentication takes one as the MQTT password; the AMQP door's PLAIN likewise)? False for anything
+        else, so the password is then checked as a password."""
+        if self.jwt is None or not token:
+            return False
+        try:
+            text = token.decode("ascii") if isinstance(token, bytes) else token
+            if not looks_like_jwt(text):
+                return False
+            return await self.authenticate_token(text) == user
+        except (TokenError, UnicodeDecodeError) as e:
+            log.info("a password that looks like a JWT for %r was refused: %s", user, e)
+            return False
+
     def access_key(self, access_key: str) -> tuple[str, str] | None:
         """(user, secret) of a RocketMQ access key (the gRPC door checks the signature with the secret)."""
         return self._access.get(access_key)
@@ -324,13 +339,14 @@ class IdentityStore:
     # -- traffic limits
 
     async def set_limits(self, kind: str, name: str, limits: Limits, *, merge: bool = True) -> Limits:
-        """Set a user's or a client id's limits (``merge``: only the figures given change)."""
+        """Set a user's, a client id's or an address's limits (``merge``: only the figures given change)."""
         key = parse_subject(kind, name)
         old = self.snapshot.limits.get(key)
         if merge and old is not None:
             limits = old.merged(limits)
         if limits.empty:
             raise InvalidArgumentError("give at least one limit")
+        limits.check_kind(key[0])
         await self._put([(f"limit:{key[0]}:{key[1]}", limits.to_json())])
         return limits
 

@@ -1,13 +1,16 @@
-"""Traffic control at the gateway: connection counts and publish rates per user and client id (issue 19).
+"""Traffic control at the gateway: connection counts and rates, publish rates per user, client id
+and address (issue 19).
 
 One module for every door. A door asks three things, each cheap when no limit
 is set (one attribute read: :attr:`TrafficControl.active`):
 
 - :meth:`TrafficControl.connect` when a client has logged in: a :class:`Lease`
-  on a connection slot of its user and its client id (released when the
-  connection ends), or :class:`QuotaExceededError` when either is at its
-  ``connections`` limit. Connections are counted always, so a limit set later
-  counts the connections already open.
+  on a connection slot of its user, its client id and its IP address (released
+  when the connection ends), or :class:`QuotaExceededError` when one of them is
+  at its ``connections`` limit (``what="connections"``) or over its
+  ``connections_per_s`` rate (``what="connection_rate"``: a token bucket that
+  is never run into debt, so a refused attempt costs nothing). Connections are
+  counted always, so a limit set later counts the connections already open.
 - :meth:`Meter.charge` for every publish (or batch): how long the door should
   hold the client back (seconds; 0.0 within its rate), or
   :class:`QuotaExceededError` when it persists: a client kept over its rate for
@@ -46,6 +49,7 @@ from typing import TYPE_CHECKING, Callable
 from core_broker.errors import UnimqError
 
 from .limits import Limits
+from .login_throttle import address_of
 from .model import ANONYMOUS
 
 if TYPE_CHECKING:
@@ -278,28 +282,53 @@ class TrafficControl:
             metrics.inc("quota_throttled", protocol)
             await asyncio.sleep(wait)
 
-    def connect(self, user: str | None, client_id: str = "", *, replaces: bool = False) -> Lease:
-        """A connection slot for ``user`` and ``client_id``, or QuotaExceededError (what="connections").
+    def connect(self, user: str | None, client_id: str = "", *, address: str = "", replaces: bool = False) -> Lease:
+        """A connection slot for ``user``, ``client_id`` and ``address`` (a peer ``ip:port`` or an IP), or
+        QuotaExceededError: ``what="connections"`` (at a connection limit) or ``"connection_rate"`` (over a
+        ``connections_per_s`` rate; ``retry_after_s``: when one more fits).
 
         ``replaces``: this connection takes over an open one of the same client id (MQTT), which is
-        about to end, so that one is not counted against the limits."""
+        about to end, so that one is not counted against the limits (it is still a new connection
+        for the rate)."""
         name = user if user is not None else ANONYMOUS
-        keys: tuple[tuple[str, str], ...] = (("user", name), ("client", client_id)) if client_id else (("user", name),)
+        ip = address_of(address) if address else ""
+        keys: list[tuple[str, str]] = [("user", name)]
+        if client_id:
+            keys.append(("client", client_id))
+        if ip:
+            keys.append(("address", ip))
         counts = self._conns
         if self.active:
-            for subject, lim in self.limits_for(name, client_id):
-                if lim.connections is None:
-                    continue
+            rated: list[_Bucket] = []
+            subjects = self.limits_for(name, client_id)
+            if ip:
+                lim = self.limits.get(("address", ip)) or self.limits.get(("address", "*"))
+                if lim is not None and not lim.empty:
+                    subjects.append((f"address:{ip}", lim))
+            for subject, lim in subjects:
                 kind, _, who = subject.partition(":")
-                if counts.get((kind, who), 0) - replaces >= lim.connections:
+                if lim.connections is not None and counts.get((kind, who), 0) - replaces >= lim.connections:
                     self.refused += 1
                     raise QuotaExceededError(
                         f"{kind} '{who}' has reached its connection limit ({lim.connections})",
                         what="connections", subject=subject, limit=lim.connections, retry_after_s=1.0)
+                rate = lim.connections_per_s
+                if rate is not None:
+                    b = self._bucket(subject, "conns", rate, 1.0)
+                    have = b.refill(self.clock())
+                    if have < 1.0:
+                        self.refused += 1
+                        retry = (1.0 - have) / rate if rate > 0 else 60.0
+                        raise QuotaExceededError(
+                            f"{kind} '{who}' is over its connection rate ({rate:g}/s)", what="connection_rate",
+                            subject=subject, limit=rate, retry_after_s=max(1.0, min(math.ceil(retry), 3600.0)))
+                    rated.append(b)
+            for b in rated:
+                b.tokens -= 1.0
         for k in keys:
             counts[k] = counts.get(k, 0) + 1
-        return Lease(self, keys)
+        return Lease(self, tuple(keys))
 
     def connections(self, kind: str, name: str) -> int:
-        """Open connections of a user or a client id on this process."""
+        """Open connections of a user, a client id or an address on this process."""
         return self._conns.get((kind, name), 0)

@@ -149,6 +149,7 @@ class GrpcDoor:
             max_delivery_attempts=broker.max_delivery_attempts,
             retry_backoff_ms=tuple(broker.retry_backoff_ms),
             long_polling_ms=min(20_000, broker.max_long_poll_ms),
+            cert_identity=bool(getattr(settings, "grpc_cert_identity", False)),
         )
         limit = max(64 << 20, processor.config.max_message_size * 4 + (1 << 20))
         server = grpc.aio.server(

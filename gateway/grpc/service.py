@@ -33,6 +33,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 from core_broker.errors import TopicNotFoundError, UnimqError
 from core_broker.model import GetStatus, MessageType, StoredMessage
 from core_broker.system_topics import is_system_topic
+from gateway.access.traffic import QuotaExceededError
 from gateway.auth import UnauthorizedError
 from gateway.context import RequestContext
 from gateway.api import ACCEPTED_MESSAGE_TYPES, MessagingAPI
@@ -41,7 +42,8 @@ from . import convert as cv
 from .convert import Code
 from .renewal import Renewer
 from .sessions import SessionRegistry
-from .signature import KeyRing, verify
+from .login import identify
+from .signature import KeyRing
 
 log = logging.getLogger("unimq.grpc")
 
@@ -99,8 +101,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         max_delivery_attempts: int = 16,
         retry_backoff_ms: tuple[int, ...] = (1000,),
         long_polling_ms: int = 20_000,
+        cert_identity: bool = False,
     ) -> None:
         self.processor = processor
+        self.cert_identity = cert_identity  # grpc_cert_identity: a verified client certificate's CN is the user
         # grpc_credentials, then the identity store's access keys (gateway.access.store.IdentityStore)
         self.identities = identities  # also its traffic limits (gateway.access.traffic)
         self.credentials = KeyRing(credentials or {}, identities.access_key if identities is not None else None,
@@ -120,12 +124,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         s = self.sessions.sessions.get(client_id)
         return s is not None and (s.live or time.monotonic() - s.last_seen < SESSION_IDLE_S / 4)
 
-    def _ctx(self, context: grpc.aio.ServicerContext) -> tuple[RequestContext, Mapping[str, str]]:
-        """The processor context of a call, after checking its signature (UnauthorizedError)."""
+    async def _ctx(self, context: grpc.aio.ServicerContext) -> tuple[RequestContext, Mapping[str, str]]:
+        """The processor context of a call, after checking its login (``login.py``; UnauthorizedError)."""
         md = cv.metadata_dict(context.invocation_metadata())
-        principal = verify(md, self.credentials)
-        if principal is not None:
-            principal = self.credentials.principal(principal)
+        principal = await identify(md, context, self.credentials, self.identities, self.cert_identity)
         ctx = RequestContext(
             protocol="grpc",
             client_id=md.get("x-mq-client-id", ""),
@@ -171,7 +173,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     @_unary(spb.QueryRouteResponse)
     async def QueryRoute(self, request: spb.QueryRouteRequest, context: grpc.aio.ServicerContext) -> spb.QueryRouteResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         topic = self._topic(request.topic)
         route = await self._route(ctx, topic)
         eps = self._endpoints(request.endpoints if request.HasField("endpoints") else None)
@@ -181,7 +183,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     @_unary(spb.HeartbeatResponse)
     async def Heartbeat(self, request: spb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> spb.HeartbeatResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         if ctx.client_id:
             group = cv.resource_name(request.group) if request.HasField("group") else ""
             self.sessions.touch(ctx.client_id, ctx.namespace, request.client_type, group)
@@ -200,7 +202,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         (As RocketMQ 5's proxy does: the push consumer then runs one receive loop
         per broker and ReceiveMessage pops from every queue of the topic there.)
         """
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         topic = self._topic(request.topic)
         self._group(request.group)
         route = await self._route(ctx, topic)
@@ -221,7 +223,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     async def NotifyClientTermination(
         self, request: spb.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
     ) -> spb.NotifyClientTerminationResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         if ctx.client_id:
             self.sessions.remove(ctx.client_id)
         return spb.NotifyClientTerminationResponse(status=cv.OK)
@@ -230,7 +232,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     @_unary(spb.SendMessageResponse)
     async def SendMessage(self, request: spb.SendMessageRequest, context: grpc.aio.ServicerContext) -> spb.SendMessageResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         if not request.messages:
             raise cv.InvalidMessage(Code.BAD_REQUEST, "a send request needs at least one message")
         msgs = []
@@ -262,7 +264,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     async def EndTransaction(
         self, request: spb.EndTransactionRequest, context: grpc.aio.ServicerContext
     ) -> spb.EndTransactionResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         topic = self._topic(request.topic)
         if not request.transaction_id:
             raise cv.InvalidMessage(Code.INVALID_TRANSACTION_ID, "transaction id is required")
@@ -304,7 +306,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         self, request: spb.ReceiveMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[spb.ReceiveMessageResponse]:
         try:
-            ctx, _ = self._ctx(context)
+            ctx, _ = await self._ctx(context)
             group = self._group(request.group)
             topic = self._topic(request.message_queue.topic)
             flt = cv.filter_of(request.filter_expression) if request.HasField("filter_expression") else None
@@ -382,7 +384,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     @_unary(spb.AckMessageResponse)
     async def AckMessage(self, request: spb.AckMessageRequest, context: grpc.aio.ServicerContext) -> spb.AckMessageResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         group = self._group(request.group)
         topic = self._topic(request.topic)
         if not request.entries:
@@ -404,7 +406,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     async def ChangeInvisibleDuration(
         self, request: spb.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
     ) -> spb.ChangeInvisibleDurationResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         group = self._group(request.group)
         topic = self._topic(request.topic)
         if not request.receipt_handle:
@@ -420,7 +422,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     async def ForwardMessageToDeadLetterQueue(
         self, request: spb.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
     ) -> spb.ForwardMessageToDeadLetterQueueResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         group = self._group(request.group)
         topic = self._topic(request.topic)
         if not request.receipt_handle:
@@ -434,7 +436,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         self, request: spb.PullMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[spb.PullMessageResponse]:
         try:
-            ctx, _ = self._ctx(context)
+            ctx, _ = await self._ctx(context)
             self._group(request.group)
             topic = self._topic(request.message_queue.topic)
             if request.offset < 0:
@@ -470,7 +472,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     @_unary(spb.UpdateOffsetResponse)
     async def UpdateOffset(self, request: spb.UpdateOffsetRequest, context: grpc.aio.ServicerContext) -> spb.UpdateOffsetResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         group = self._group(request.group)
         topic = self._topic(request.message_queue.topic)
         if request.offset < 0:
@@ -480,7 +482,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     @_unary(spb.GetOffsetResponse)
     async def GetOffset(self, request: spb.GetOffsetRequest, context: grpc.aio.ServicerContext) -> spb.GetOffsetResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         group = self._group(request.group)
         topic = self._topic(request.message_queue.topic)
         offset = await self.processor.get_offset(ctx, group, topic, request.message_queue.id)
@@ -492,7 +494,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     @_unary(spb.QueryOffsetResponse)
     async def QueryOffset(self, request: spb.QueryOffsetRequest, context: grpc.aio.ServicerContext) -> spb.QueryOffsetResponse:
-        ctx, _ = self._ctx(context)
+        ctx, _ = await self._ctx(context)
         topic = self._topic(request.message_queue.topic)
         policy = request.query_offset_policy
         ts = 0
@@ -549,11 +551,48 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         :meth:`check_transaction` fill.
         """
         try:
-            ctx, _ = self._ctx(context)
+            ctx, _ = await self._ctx(context)
         except UnauthorizedError as e:
             await context.write(spb.TelemetryCommand(status=cv.status(Code.UNAUTHORIZED, str(e))))
             return
         session = self.sessions.get(ctx.client_id, ctx.namespace)
+        lease = await self._connection_slot(ctx, session, context)
+        try:
+            await self._telemetry(ctx, session, request_iterator, context)
+        finally:
+            if lease is not None:
+                lease.release()
+
+    async def _connection_slot(self, ctx: RequestContext, session: Any, context: grpc.aio.ServicerContext) -> Any:
+        """A Telemetry stream is the client's connection (``gateway.access.traffic``): its slot, or the
+        stream ends with TOO_MANY_REQUESTS and gRPC RESOURCE_EXHAUSTED when a limit refuses it."""
+        ids = self.identities
+        if ids is None:
+            return None
+        try:  # a client's new stream replaces its old one (which is about to end)
+            return ids.traffic.connect(ctx.principal, ctx.client_id, address=ctx.remote_address,
+                                       replaces=session.live)
+        except QuotaExceededError as e:
+            self.processor.metrics.inc("quota_exceeded", "grpc")
+            log.warning("refused: protocol=grpc client=%s from=%s: %s", ctx.client_id, ctx.remote_address, e)
+            await context.write(spb.TelemetryCommand(status=cv.status(Code.TOO_MANY_REQUESTS, str(e))))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        return None
+
+    def _subscriptions_allowed(self, ctx: RequestContext, settings: pb.Settings) -> str | None:
+        """Why a consumer's settings hold more subscriptions than its limit allows, else None."""
+        ids = self.identities
+        if ids is None or not ids.traffic.active or settings.WhichOneof("pub_sub") != "subscription":
+            return None
+        most = ids.traffic.meter(ctx.principal, ctx.client_id).subscriptions()
+        n = len(settings.subscription.subscriptions)
+        if most is None or n <= most:
+            return None
+        self.processor.metrics.inc("quota_exceeded", "grpc")
+        return f"{n} subscriptions, more than the {most} allowed"
+
+    async def _telemetry(self, ctx: RequestContext, session: Any, request_iterator: AsyncIterator[spb.TelemetryCommand],
+                         context: grpc.aio.ServicerContext) -> None:
         outbox: asyncio.Queue[spb.TelemetryCommand | None] = asyncio.Queue()
         session.outboxes.append(outbox)
         session.streams_opened += 1
@@ -563,6 +602,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 async for cmd in request_iterator:
                     which = cmd.WhichOneof("command")
                     if which == "settings":
+                        refused = self._subscriptions_allowed(ctx, cmd.settings)
+                        if refused is not None:  # a subscription limit: TOO_MANY_REQUESTS, settings not taken
+                            outbox.put_nowait(spb.TelemetryCommand(status=cv.status(Code.TOO_MANY_REQUESTS, refused)))
+                            continue
                         session.apply_settings(cmd.settings)
                         reply = await self._settings_for(ctx, cmd.settings)
                         outbox.put_nowait(spb.TelemetryCommand(status=cv.OK, settings=reply))

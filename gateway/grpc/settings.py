@@ -26,6 +26,9 @@ class GrpcSettings(DoorSettings):
     # call's MQv2-HMAC-SHA1 signature must verify, else status UNAUTHORIZED.
     # TOML: grpc_credentials = { "myAccessKey" = "mySecretKey" }
     grpc_credentials: dict[str, str] = field(default_factory=dict)
+    # TLS with tls_verify_client = required: a call without a signature (or signed with the empty
+    # access key) logs in as its verified client certificate's CN (gateway/grpc/login.py).
+    grpc_cert_identity: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
