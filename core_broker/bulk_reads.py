@@ -139,12 +139,7 @@ class BulkReads:
         esize = CQ_ENTRY.size
         unpack = CQ_ENTRY.unpack_from
         try:
-            mf = cq.files.find(offset * esize)
-            if mf is None:
-                return None
-            pos = offset * esize - mf.base
-            stop = min((min(offset + max_count, cq.max_offset)) * esize - mf.base, mf.size)
-            entries = mf.mm[pos:stop]
+            entries = cq.raw(offset, max_count)  # (an LMQ's are in memory: light_queue.py)
             n = len(entries) // esize
             if n == 0:
                 return None

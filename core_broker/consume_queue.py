@@ -169,6 +169,20 @@ class ConsumeQueue:
             off = (mf.base + pos) // ENTRY_SIZE
         return out
 
+    def raw(self, queue_offset: int, count: int) -> bytes:
+        """The packed entries of [queue_offset, queue_offset+count) that exist (may span files)."""
+        out = []
+        off, end = queue_offset, min(queue_offset + count, self.max_offset)
+        while off < end:
+            mf = self.files.find(off * ENTRY_SIZE)
+            if mf is None:
+                break
+            start = off * ENTRY_SIZE - mf.base
+            stop = min(end * ENTRY_SIZE - mf.base, mf.size)
+            out.append(mf.mm[start:stop])
+            off = (mf.base + stop) // ENTRY_SIZE
+        return out[0] if len(out) == 1 else b"".join(out)
+
     def entry(self, queue_offset: int) -> tuple[int, int, int] | None:
         if not (self.min_offset <= queue_offset < self.max_offset):
             return None

@@ -41,6 +41,7 @@ from . import batch_queue
 from .batch_queue import BatchConsumeQueue
 from .bulk_reads import BulkReads
 from .consume_queue import ENTRY_SIZE, LMQ_CQ_ENTRIES, ConsumeQueue, _safe, unsafe
+from .light_queue import DIR_NAME as LMQ_DIR, LightQueueLog
 from .errors import (
     CorruptRecordError,
     StoreClosedError,
@@ -97,7 +98,8 @@ class MessageStore(BulkReads):
         self.checkpoint_path = root / "checkpoint"
         self._cq_root = root / "consumequeue"
         self._bq_root = root / batch_queue.ROOT
-        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}  # and LightQueues: LMQs since issue 21
+        self.lmqs = LightQueueLog(self._cq_root / LMQ_DIR)  # every LMQ's entries, in one log
         self._lock = threading.Lock()  # the write lock: every append, truncation and roll
         # Every record is written by the appender, under _lock.
         self.appender = Appender(self.commitlog, self.index, self._cqs, self._cq, config.max_message_size)
@@ -185,6 +187,7 @@ class MessageStore(BulkReads):
         self.commitlog.close()
         for cq in self._cqs.values():
             cq.close()
+        self.lmqs.close()
         self.index.close()
 
     @property
@@ -198,10 +201,12 @@ class MessageStore(BulkReads):
 
     def _load_consume_queues(self) -> None:
         self._load_batch_queues()
+        self.lmqs.load(self.commitlog.min_offset)
+        self._cqs.update(((name, 0), q) for name, q in self.lmqs.queues.items())
         if not self._cq_root.exists():
             return
         for tdir in self._cq_root.iterdir():
-            if not tdir.is_dir():
+            if not tdir.is_dir() or tdir.name == LMQ_DIR:
                 continue
             topic = unsafe(tdir.name)
             for qdir in tdir.iterdir():
@@ -279,6 +284,7 @@ class MessageStore(BulkReads):
     def _sync_indexes(self) -> None:
         for cq in list(self._cqs.values()):
             cq.sync()
+        self.lmqs.sync()
         self.index.sync()
 
     def _checkpoint(self, safe: int) -> None:
@@ -305,7 +311,9 @@ class MessageStore(BulkReads):
     def _cq(self, topic: str, queue_id: int) -> ConsumeQueue:
         key = (topic, queue_id)
         cq = self._cqs.get(key)
-        if cq is None:
+        if cq is None and queue_id == 0 and topic.startswith(LMQ_PREFIX):
+            cq = self._cqs[key] = self.lmqs.queue(topic)  # type: ignore[assignment]
+        elif cq is None:
             if self.is_batch_topic(topic):
                 cq = BatchConsumeQueue(self._bq_root, topic, queue_id, self.config.cq_entries_per_file)
             else:
@@ -737,6 +745,7 @@ class MessageStore(BulkReads):
             new_min = self.commitlog.min_offset
             for cq in list(self._cqs.values()):
                 cq.drop_before_phys(new_min)
+            self.lmqs.drop_before_phys(new_min)
             self.index.drop_before_phys(new_min)
         log.info("retention removed %d commitlog segment(s); log now starts at %d", n, new_min)
         return n
