@@ -685,17 +685,20 @@ class MessageStore(BulkReads):
 
     def delete_topic_queues(self, topic: str) -> None:
         """Remove a topic's consume queues (its records age out with their segments)."""
+        lmq = topic.startswith(LMQ_PREFIX)
         with self._lock:
             # an LMQ has queue 0 only: no scan of every queue (there is one LMQ per subscription)
-            keys = [(topic, 0)] if topic.startswith(LMQ_PREFIX) else [k for k in self._cqs if k[0] == topic]
+            keys = [(topic, 0)] if lmq else [k for k in self._cqs if k[0] == topic]
             for key in keys:
                 cq = self._cqs.pop(key, None)
                 if cq is not None:
                     cq.destroy()
-        shutil.rmtree(self._cq_root / _safe(topic), ignore_errors=True)
-        shutil.rmtree(self._bq_root / _safe(topic), ignore_errors=True)
+                    lmq = lmq and type(cq) is not ConsumeQueue  # an older version's LMQ has a directory
         self.offsets.delete_topic(topic)
-        self.compaction.drop(topic)
+        if not lmq:  # an LMQ in the shared log has no directory, nor can it be compacted (it is no topic)
+            shutil.rmtree(self._cq_root / _safe(topic), ignore_errors=True)
+            shutil.rmtree(self._bq_root / _safe(topic), ignore_errors=True)
+            self.compaction.drop(topic)
 
     # ------------------------------------------------------------------ retention
 

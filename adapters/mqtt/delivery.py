@@ -66,6 +66,9 @@ class Delivery:
         self._dirty_sessions: set[Session] = set()
         self._dirty_wake = asyncio.Event()  # set when _dirty_sessions stops being empty
         self._gone_lanes: dict[str, list[str]] = {}  # LMQ being deleted -> brokers that held a lane
+        # every broker any lane was made on: a session's lanes of one LMQ are found by looking
+        # these up, not by scanning all its lanes (a client may hold thousands of subscriptions)
+        self._lane_brokers: set[str] = set()
         self._flusher: asyncio.Task[None] | None = None
         # Deliveries not read back from the store, per unified topic, since the last count_out
         self.out_counts: dict[str, int] = {}
@@ -109,7 +112,7 @@ class Delivery:
     def drop_lanes(self, s: Session, lmq: str) -> None:
         """``s`` no longer reads ``lmq`` (its subscription is gone): forget its lanes, and
         remember their brokers for :meth:`delete_lmq`."""
-        lanes = [k for k in s.cursors if k[0] == lmq]
+        lanes = [k for k in ((lmq, b) for b in self._lane_brokers) if k in s.cursors]
         for key in lanes:
             self.drop_lane(s, key)
         self._gone_lanes[lmq] = [b for _, b in lanes]
@@ -134,6 +137,7 @@ class Delivery:
             except UnimqError:
                 start = 0
             s.cursors[key] = Cursor(b, start, must_pull=True)
+            self._lane_brokers.add(b)
             s.pending[key] = 1
 
     def resume(self, s: Session) -> None:
@@ -217,7 +221,8 @@ class Delivery:
         cur = s.cursors.get(key)  # type: ignore[arg-type]
         if cur is None and sub.lmq and not sub.group and s.subs.get(sub.filter) is sub:
             lmq = sub.lmq
-            others = [c for k, c in s.cursors.items() if k[0] == lmq]
+            get = s.cursors.get
+            others = [c for c in (get((lmq, b)) for b in self._lane_brokers) if c is not None]
             if others and lmq not in s.runs:
                 # a second lane: from now on the order across lanes is recorded (see Session.runs);
                 # what the first lane holds unread came before
@@ -226,6 +231,7 @@ class Delivery:
                     if c.end > c.read:
                         runs.note(c.broker, c.end - c.read)
             cur = s.cursors[key] = Cursor(broker)  # type: ignore[index]
+            self._lane_brokers.add(broker)
             if s.persistent:  # the lane list is part of the saved session (read back after a restart)
                 self.spawn(self.save_session(s))
         return cur
@@ -327,12 +333,13 @@ class Delivery:
                 if room <= 0 or not conn.writable:
                     return  # an ack or resume_writing wakes us again
                 progressed = False
+                by_lmq = None if len(s.subs) < 8 else {x.lmq: x for x in s.subs.values()}  # (no scan per lane)
                 for lmq in list(s.pending):  # lanes (lmq, broker)
                     cur = s.cursors.get(lmq)
                     if cur is None:
                         s.pending.pop(lmq, None)
                         continue
-                    sub = self._sub_of_lmq(s, lmq[0])
+                    sub = self._sub_of_lmq(s, lmq[0]) if by_lmq is None else by_lmq.get(lmq[0])
                     mem = cur.window
                     runs = s.runs.get(lmq[0]) if s.runs else None
                     limit = room
@@ -383,6 +390,9 @@ class Delivery:
                             continue
                         if s.conn is not conn or conn.closed or s.cursors.get(lmq) is not cur:
                             return
+                        if by_lmq is not None:  # subscriptions may have changed meanwhile
+                            by_lmq = {x.lmq: x for x in s.subs.values()}
+                            sub = by_lmq.get(lmq[0])
                         msgs = r.messages
                         if not msgs and r.next_offset > cur.read:
                             cur.skip_to(r.next_offset)  # retention removed what was never read
