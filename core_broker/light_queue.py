@@ -21,7 +21,9 @@ its files are not digit-named queues) holds records, each naming its LMQ:
 - END: kind 2, name, offset: the queue ends there (a torn commitlog tail cut it), or,
   when the LMQ has no entry left in the log, starts and ends there (so its offsets
   never restart below what a reader already consumed);
-- DROP: kind 3, name: the LMQ was deleted (its session discarded).
+- DROP: kind 3, name, commitlog offset: the LMQ was deleted (its session discarded) when the
+  commitlog ended there; a record below it that a crash recovery dispatches again is not
+  an entry of the LMQ (a new session of the same client reuses the name).
 
 Start-up replays the log into memory. Retention deletes a log file, oldest first,
 once every entry in it points below the commitlog's first offset; an LMQ whose last
@@ -37,6 +39,7 @@ import os
 import struct
 import threading
 from pathlib import Path
+from typing import Callable
 
 from .consume_queue import ENTRY, ENTRY_SIZE
 
@@ -177,14 +180,19 @@ class LightQueue:
 class LightQueueLog:
     """Every LMQ of one store: the queues in memory and the log they are written to."""
 
-    def __init__(self, root: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(self, root: Path, write_pos: Callable[[], int] = lambda: 0, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.dir = root
+        self.write_pos = write_pos  # the commitlog's end (a DROP's position)
+        # LMQ -> where the commitlog ended when it was dropped: read from the log at start, for
+        # crash recovery's re-dispatch (MessageStore.dropped_lmq); cleared once the store is open
+        self.dropped: dict[str, int] = {}
         self.segment_bytes = segment_bytes
         self.queues: dict[str, LightQueue] = {}
         self._pending: list[bytes] = []
         self._pending_max = -1  # the highest commitlog offset a pending entry points at
         self._lock = threading.Lock()  # the pending list: appended by writers, taken by sync
         self._io = threading.Lock()  # one sync at a time
+        self._write = threading.Lock()  # taking the pending records and writing them, in order
         self._seq = 0  # the file being written
         self._fd = -1
         self._size = 0
@@ -212,44 +220,61 @@ class LightQueueLog:
             q.seg = self._seq
 
     def drop(self, q: LightQueue) -> None:
+        """Forget ``q``; its DROP record reaches the file at once (after every earlier record,
+        unsynced): a process killed before the next checkpoint must not revive the LMQ of a
+        discarded session from its older entries (a new session of the same client reuses the
+        name). Only a write to the page cache: the fdatasync stays the flush thread's."""
         if self.queues.get(q.topic) is q:
             del self.queues[q.topic]
         name = q.topic.encode()
-        with self._lock:
-            self._pending.append(_HEAD.pack(_DROP, len(name)) + name)
+        with self._write:
+            with self._lock:
+                self._pending.append(_HEAD.pack(_DROP, len(name)) + name + _pack_q(self.write_pos()))
+            self._write_pending()
 
     # ---------------------------------------------------------------- disk
 
     def _path(self, seq: int) -> Path:
         return self.dir / f"{seq:020d}.lmq"
 
+    def _write_pending(self) -> None:
+        """Write what was added so far to the current file (caller holds ``_write``)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            top, self._pending_max = self._pending_max, -1
+        if not pending:
+            return
+        if self._fd < 0:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self._path(self._seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        blob = b"".join(pending)
+        data = memoryview(blob)
+        while data:
+            data = data[os.write(self._fd, data) :]
+        self._size += len(blob)
+        self._max_phys[self._seq] = max(self._max_phys.get(self._seq, -1), top)
+
     def sync(self) -> None:
         """Write and fdatasync what was added since the last sync (the flush thread's)."""
         with self._io:
-            with self._lock:
-                pending, self._pending = self._pending, []
-                top, self._pending_max = self._pending_max, -1
-            if not pending:
+            with self._write:
+                self._write_pending()
+                fd = self._fd
+            if fd < 0:
                 return
-            if self._fd < 0:
-                self.dir.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self._path(self._seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            blob = b"".join(pending)
-            data = memoryview(blob)
-            while data:
-                data = data[os.write(self._fd, data) :]
-            os.fdatasync(self._fd)
-            self._size += len(blob)
-            self._max_phys[self._seq] = max(self._max_phys.get(self._seq, -1), top)
-            if self._size >= self.segment_bytes:  # the next sync begins a new file
-                os.close(self._fd)
-                self._fd, self._size = -1, 0
-                with self._lock:
-                    self._seq += 1
+            os.fdatasync(fd)
+            if self._size >= self.segment_bytes:  # the next record begins a new file
+                with self._write:
+                    self._write_pending()  # (a DROP written meanwhile: synced below, in the old file)
+                    os.fdatasync(self._fd)
+                    os.close(self._fd)
+                    self._fd, self._size = -1, 0
+                    with self._lock:
+                        self._seq += 1
 
     def close(self) -> None:
         self.sync()
-        with self._io:
+        with self._io, self._write:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
@@ -265,7 +290,10 @@ class LightQueueLog:
             for kind, name, off, e, pos in _records(data):
                 if kind == _DROP:
                     queues.pop(name, None)
+                    self.dropped[name] = off
                     continue
+                if kind == _ENTRY and name in self.dropped and _unpack_entry(e)[0] < self.dropped[name]:
+                    continue  # the dropped LMQ's, dispatched again after its DROP: not revived
                 q = queues.get(name) or self.queue(name)
                 q.seg = seq
                 if kind == _ENTRY:
@@ -316,11 +344,11 @@ def _records(data: bytes):
     while pos + _HEAD.size <= n:
         kind, ln = _HEAD.unpack_from(data, pos)
         start = pos + _HEAD.size + ln
-        stop = start + (_Q.size + ENTRY_SIZE if kind == _ENTRY else _Q.size if kind == _END else 0)
+        stop = start + (_Q.size + ENTRY_SIZE if kind == _ENTRY else _Q.size)
         if kind not in (_ENTRY, _END, _DROP) or stop > n:
             return  # a torn tail (written when the process died)
         name = data[pos + _HEAD.size : start].decode()
-        off = _Q.unpack_from(data, start)[0] if kind != _DROP else 0
+        off = _Q.unpack_from(data, start)[0]
         yield kind, name, off, data[start + _Q.size : stop] if kind == _ENTRY else b"", stop
         pos = stop
 
@@ -329,11 +357,12 @@ def stored_names(cq_root: Path) -> set[str]:
     """The LMQs a store's log on disk holds (read only, without a store: tools and tests
     see what the last sync wrote)."""
     d = cq_root / DIR_NAME
-    live: set[str] = set()
+    log = LightQueueLog(d)
     for path in sorted(d.glob("*.lmq")) if d.is_dir() else []:
-        for kind, name, _, _, _ in _records(path.read_bytes()):
+        for kind, name, off, e, _ in _records(path.read_bytes()):
             if kind == _DROP:
-                live.discard(name)
-            else:
-                live.add(name)
-    return live
+                log.queues.pop(name, None)
+                log.dropped[name] = off
+            elif kind == _END or _unpack_entry(e)[0] >= log.dropped.get(name, -1):
+                log.queue(name)
+    return set(log.queues)

@@ -99,7 +99,7 @@ class MessageStore(BulkReads):
         self._cq_root = root / "consumequeue"
         self._bq_root = root / batch_queue.ROOT
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}  # and LightQueues: LMQs since issue 21
-        self.lmqs = LightQueueLog(self._cq_root / LMQ_DIR)  # every LMQ's entries, in one log
+        self.lmqs = LightQueueLog(self._cq_root / LMQ_DIR, lambda: self.commitlog.write_pos)  # every LMQ, one log
         self._lock = threading.Lock()  # the write lock: every append, truncation and roll
         # Every record is written by the appender, under _lock.
         self.appender = Appender(self.commitlog, self.index, self._cqs, self._cq, config.max_message_size)
@@ -144,6 +144,7 @@ class MessageStore(BulkReads):
         if cut is not None:
             log.warning("finished a truncation a crash interrupted: the log ends at %d at most", cut)
         self._recover()
+        self.lmqs.dropped.clear()
         fd = os.open(self.abort_marker_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.fsync(fd)
         os.close(fd)
@@ -222,8 +223,7 @@ class MessageStore(BulkReads):
         if not self.commitlog.files.files:
             self.commitlog.set_write_pos(int(cp.get("clean_end", cp.get("safe", 0))) if not crashed else 0)
             return
-        # Consume queues lost (deleted by hand, restored from a backup without them):
-        # rebuild them from the commitlog even after a clean stop.
+        # Consume queues lost (deleted by hand, ...): rebuilt from the commitlog even after a clean stop.
         rebuild = not self._cq_root.exists()
         if not crashed and not rebuild:
             self.commitlog.set_write_pos(int(cp["clean_end"]))
@@ -257,7 +257,10 @@ class MessageStore(BulkReads):
         if h.batch_count:
             return self._dispatch_batch(h, th)
         self._cq(h.topic, h.queue_id).put(h.queue_offset, h.phys_offset, h.size, th)
+        dropped = self.lmqs.dropped  # (empty but while recovering)
         for topic, qid, qo in h.dispatch:
+            if dropped and h.phys_offset < dropped.get(topic, -1):
+                continue  # an LMQ deleted after this record was stored: not revived
             self._cq(topic, qid).put(qo, h.phys_offset, h.size, th)
         if h.origin_offset < 0:
             ts = h.store_ts
@@ -296,17 +299,13 @@ class MessageStore(BulkReads):
     # ------------------------------------------------------------------ write path
 
     def _cq_entries(self, topic: str, qdir: Path | None = None) -> int:
-        """Entries per consume-queue file: LMQs (one per subscription, many of them short)
-        get small files, 80 KiB, not the topics' 6 MB preallocated each; an LMQ's files
-        written by an older version keep their size."""
-        if not topic.startswith(LMQ_PREFIX):
-            return self.config.cq_entries_per_file
-        if qdir is not None:
-            for p in sorted(qdir.iterdir()):
-                size = p.stat().st_size
-                if p.name.isdigit() and size and size % ENTRY_SIZE == 0:
-                    return size // ENTRY_SIZE
-        return min(LMQ_CQ_ENTRIES, self.config.cq_entries_per_file)
+        """Entries per consume-queue file (an older version's LMQ files: 80 KiB, kept)."""
+        lmq = topic.startswith(LMQ_PREFIX)
+        for p in sorted(qdir.iterdir()) if lmq and qdir is not None else ():
+            size = p.stat().st_size
+            if p.name.isdigit() and size and size % ENTRY_SIZE == 0:
+                return size // ENTRY_SIZE
+        return min(LMQ_CQ_ENTRIES, self.config.cq_entries_per_file) if lmq else self.config.cq_entries_per_file
 
     def _cq(self, topic: str, queue_id: int) -> ConsumeQueue:
         key = (topic, queue_id)

@@ -129,3 +129,24 @@ def test_retention_removes_old_log_files_and_lmq_offsets_never_go_back(stores) -
         assert g.status == GetStatus.OFFSET_MOVED or all(m.queue_offset >= s.min_offset(_lmq(i), 0) for m in g.messages)
     s.put(Message("mqtt/in", b"new", extra_dispatch=(DispatchTarget(_lmq(0), 0),)))
     assert [(m.queue_offset, m.body) for m in read_all(s, _lmq(0), 0, 10)] == [(10, b"new")]
+
+
+def test_a_crash_does_not_revive_a_deleted_lmq_but_keeps_its_successor(stores, tmp_path: Path) -> None:
+    """Records stored after the last checkpoint are dispatched again by recovery: not into an
+    LMQ deleted after them; a new LMQ of the same name (a new session of the same client) keeps
+    what was stored for it after the deletion."""
+    s = stores.open(checkpoint_interval_ms=3_600_000)
+    _send(s, 1, b"kept")
+    force_checkpoint(s)
+    for i in (0, 0, 1):
+        _send(s, i, b"old")  # after the checkpoint: recovery dispatches these again
+    s.delete_topic_queues(_lmq(0))
+    _send(s, 0, b"new")  # the name again, after the deletion
+    s.commitlog.sync()
+    d = crash_copy(s, tmp_path / "crash")
+    c = stores.open(copy_config(s, d))
+    assert c.recovered_abnormally
+    assert [(m.queue_offset, m.body) for m in read_all(c, _lmq(0), 0)] == [(0, b"new")]
+    assert _bodies(c, _lmq(1)) == [b"kept", b"old"]
+    c = stores.reopen(c)
+    assert [(m.queue_offset, m.body) for m in read_all(c, _lmq(0), 0)] == [(0, b"new")]
