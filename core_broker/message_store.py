@@ -13,7 +13,7 @@ take no lock: they read below the published write position.
 Layout of ``data_dir``::
 
     commitlog/<20-digit base offset>     segments
-    consumequeue/<topic>/<queue>/<base>  consume queue files
+    consumequeue/<topic>/<queue>/<base>  consume queue files (LMQs: %25LMQ%25/, light_queue.py)
     batchqueue/<topic>/<queue>/<base>    batch topics' consume queues (batch_queue.py)
     index/<timestamp>                    index files
     config/topics.json, config/consumer_offsets.json
