@@ -184,7 +184,7 @@ class LightQueueLog:
         self.dir = root
         self.write_pos = write_pos  # the commitlog's end (a DROP's position)
         # LMQ -> where the commitlog ended when it was dropped: read from the log at start, for
-        # crash recovery's re-dispatch (MessageStore.dropped_lmq); cleared once the store is open
+        # crash recovery's re-dispatch (MessageStore._dispatch_header); cleared once the store is open
         self.dropped: dict[str, int] = {}
         self.segment_bytes = segment_bytes
         self.queues: dict[str, LightQueue] = {}
