@@ -74,14 +74,15 @@ class _Sub(asyncio.Protocol):
 
 
 class _Pub(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, cid: str = "lmq-bench-pub") -> None:
+        self.cid = cid  # one per publisher: the same id twice would take the other's session over
         self.rx = 0
         self.ready = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, t: asyncio.BaseTransport) -> None:
         self.transport = t  # type: ignore[assignment]
-        t.write(connect_pkt("lmq-bench-pub"))  # type: ignore[attr-defined]
+        t.write(connect_pkt(self.cid))  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         self.rx += len(data)
@@ -207,7 +208,7 @@ async def _worker_main(port: int, src: str, first: int, n: int, conn) -> None:  
     await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(first, first + n))), 1800)
     conn.send(("subscribed", retries[0]))
     await loop.run_in_executor(None, conn.recv)  # go
-    _, pub = await loop.create_connection(_Pub, HOST, port, local_addr=(src, 0))
+    _, pub = await loop.create_connection(lambda: _Pub(f"fleet-pub-{first}"), HOST, port, local_addr=(src, 0))
     await asyncio.wait_for(pub.ready, 60)
     t0 = time.monotonic()
     for k, i in enumerate(range(first, first + n)):
