@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from .. import record
 from ..consume_queue import ENTRY, ConsumeQueue
+from ..light_queue import LightQueue
 from ..mapped_file import MappedFile
 
 if TYPE_CHECKING:
@@ -63,10 +64,22 @@ def _first_at_or_after(cq: ConsumeQueue, phys: int) -> int:
 
 def _raw_entries(cq: ConsumeQueue, lo: int, hi: int) -> bytes:
     """The entries of offsets ``[lo, hi)`` as stored (they may span queue files)."""
-    raw = cq.raw(lo, hi - lo)
-    if len(raw) != (hi - lo) * ENTRY.size:
-        raise ValueError(f"queue {cq.topic}/{cq.queue_id}: offsets [{lo}, {hi}) are not all held")
-    return raw
+    if isinstance(cq, LightQueue):  # an LMQ's entries are in memory (light_queue.py)
+        raw = cq.raw(lo, hi - lo)
+        if len(raw) != (hi - lo) * ENTRY.size:
+            raise ValueError(f"queue {cq.topic}/{cq.queue_id}: offsets [{lo}, {hi}) are not all held")
+        return raw
+    out = []
+    off = lo
+    while off < hi:
+        f = cq.files.find(off * ENTRY.size)
+        if f is None:
+            raise ValueError(f"queue {cq.topic}/{cq.queue_id}: no file holds offset {off}")
+        start = off * ENTRY.size - f.base
+        stop = min(hi * ENTRY.size - f.base, f.size)
+        out.append(bytes(f.mm[start:stop]))
+        off = (f.base + stop) // ENTRY.size
+    return b"".join(out)
 
 
 def build_index(store: "MessageStore", mf: MappedFile) -> SegmentIndex:
