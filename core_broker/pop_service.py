@@ -14,6 +14,10 @@ to the group's retry topic after the back-off for its attempt, and after
 expired message is redelivered in place, so a message group never overtakes
 itself; the next message of a group is not delivered before the previous one
 is acked or dead-lettered, while other groups go on in parallel.
+
+Message traces: a traced message's revival is recorded here (``retried``, invisible time
+expired; ``dead_lettered``, attempts exhausted) into the broker's trace buffer
+(``trace_log.py``), after one cheap check of its topic.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .record import P_BATCH_INDEX
 from .receipt import InvalidReceiptHandleError, ReceiptHandle, handle_prefix
 from .system_topics import P_ORIGIN_TOPIC, dlq_topic, is_system_topic, retry_topic
 from .timer_service import TimerService
+from .trace_log import BrokerTrace
 
 # Per queue: (the offset a read started from, what it read): see PopService.pop
 ReadAhead = dict[tuple[str, int], tuple[int, GetResult]]
@@ -104,6 +109,7 @@ class PopService:
         self.notify = notify
         self.ensure_topic = ensure_topic
         self.cursors: dict[Key, Cursor] = {}
+        self.trace = BrokerTrace(store, config.broker_name)  # revivals of traced messages (trace_log.py)
         self._heap: list[tuple[int, str, str, int, int, int]] = []  # visible_at, g, t, q, offset, version
         self.broker = config.broker_name
         # Called when an invisible time is pushed that ends before every other one: the
@@ -435,9 +441,16 @@ class PopService:
                 wanted.append((topic, qid, off))  # popped from the tier: the broker looks it up
                 later.append(entry)
                 continue
+            traced = self.trace.traced(topic)
             if inf.attempt >= cfg.max_delivery_attempts:
+                if traced:
+                    self.trace.record(topic, qid, off, "dead_lettered", group=group, dlq=dlq_topic(group),
+                                      attempts=inf.attempt, reason="max delivery attempts")
                 last = self._dead_letter(group, topic, qid, off, c, inf)  # type: ignore[arg-type]
                 continue
+            if traced and not inf.released:  # (a release is the settling gateway's "retried")
+                self.trace.record(topic, qid, off, "retried", group=group, attempt=inf.attempt,
+                                  reason="invisible time expired")
             if c.fifo:  # type: ignore[union-attr]
                 self.cold_phys.pop((topic, qid, off), None)  # looked up for a dead letter only
                 self.notify(topic)  # redelivered in place by the next pop

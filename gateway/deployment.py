@@ -25,6 +25,7 @@ def local_processor(controller: BrokerController, config: ProcessorConfig, *, ow
     shuts down its store); false when something else does (``unimq up``'s
     broker, which also serves it over RPC).
     """
+    controller.pops.trace.default = config.trace_sample_rate  # the broker's own trace events follow it
     return MessagingProcessor(LocalBrokerClient(controller, owns=owns), config)
 
 

@@ -18,9 +18,16 @@ Sampling is decided from the message id (a hash below ``rate``), so every gatewa
 makes the same choice for one message without carrying a mark on it.
 
 The events buffered in one flush are written as records of the trace topic holding the
-events of up to :data:`PER_RECORD` messages each (a JSON list), keyed by those messages'
-ids, so a message's timeline is a query by key (:func:`parse_events` keeps its events) on
-whichever broker holds it.
+events of up to 64 messages each (a JSON list), keyed by those messages' ids
+(``core_broker/trace_log.py``, the format brokers write their own events in: a pop's invisible
+time running out, ``retried``, and the move to ``%DLQ%``, ``dead_lettered``), so a message's
+timeline is a query by key (:func:`parse_events` keeps its events) on every broker holding
+the trace topic.
+
+A pop's settling (ack, release, dead-lettering) is traced by the gateway that settles it. A
+receipt handle this process popped is found in memory; another one (popped through another
+gateway of a separated deployment) names its topic, queue and offset: after the same cheap
+check of its topic, the message is read from its broker in a background task for its id.
 Hand-written: the events are our own model (no tracing library knows doors and receipts),
 and OpenTelemetry's exporters would put the cost on the hot path this avoids.
 """
@@ -33,17 +40,17 @@ import logging
 import time
 from typing import Any, Iterable, Sequence
 
-from crc32c import crc32c
-
-from core_broker.errors import BadRequestError
+from core_broker.errors import BadRequestError, UnimqError
 from core_broker.model import Message, StoredMessage
-from core_broker.system_topics import P_ORIGIN_TOPIC, TRACE_TOPIC
+from core_broker.receipt import ReceiptHandle
+from core_broker.system_topics import P_ORIGIN_TOPIC, RETRY_PREFIX, TRACE_TOPIC, is_lmq
 from core_broker.topic_config import TopicConfig
+from core_broker.trace_log import ATTR_ENABLED, ATTR_RATE, BROKER_DOOR, sampled, topic_trace_rate, trace_records
 
 from .broker_client import BrokerClient
 
 __all__ = [
-    "EVENTS", "TRACE_TOPIC", "Tracer", "parse_events", "sort_timeline", "topic_trace_rate", "tracer_of",
+    "BROKER_DOOR", "EVENTS", "TRACE_TOPIC", "Tracer", "parse_events", "sort_timeline", "topic_trace_rate", "tracer_of",
 ]
 
 log = logging.getLogger("unimq.trace")
@@ -52,34 +59,11 @@ log = logging.getLogger("unimq.trace")
 EVENTS = ("stored", "delivered", "retried", "nacked", "acked", "expired", "dead_lettered")
 _RANK = {e: i for i, e in enumerate(EVENTS)}
 
-#: messages whose events share one record of the trace topic (each id is one of its keys)
-PER_RECORD = 64
 #: records per broker call (about 1,000 messages' events, a few hundred KB)
 RECORDS_PER_SEND = 16
 
-#: the topic attributes a trace reads
-ATTR_ENABLED = "trace_enabled"
-ATTR_RATE = "trace_sample_rate"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-
-
-def topic_trace_rate(attributes: dict[str, str]) -> float | None:
-    """The sample rate a topic's attributes ask for; None: they say nothing (the default applies).
-
-    ``trace_enabled = false`` turns a topic off whatever the rate; ``true`` traces at
-    ``trace_sample_rate`` (1.0 when absent); a rate alone is that rate.
-    """
-    enabled = attributes.get(ATTR_ENABLED)
-    rate = attributes.get(ATTR_RATE)
-    if enabled is None and rate is None:
-        return None
-    if enabled is not None and enabled.strip().lower() in _FALSE:
-        return 0.0
-    try:
-        return min(1.0, max(0.0, float(rate))) if rate is not None else 1.0
-    except ValueError:
-        return None
 
 
 def check_trace_attributes(attributes: dict[str, str]) -> None:
@@ -129,6 +113,7 @@ class Tracer:
         self.dropped = 0
         self._buf: list[tuple] = []
         self._handles: dict[str, tuple[str, str]] = {}  # receipt handle -> (message id, topic)
+        self._lookups: set[asyncio.Task] = set()  # settlings of handles popped elsewhere (_look_up)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._refreshed = 0.0
@@ -157,10 +142,7 @@ class Tracer:
 
     def sampled(self, topic: str, message_id: str) -> bool:
         """Is this message traced? The same answer for one message in every process."""
-        r = self.rates.get(topic, self.default)
-        if r <= 0.0 or not message_id:
-            return False
-        return r >= 1.0 or crc32c(message_id.encode()) % 10_000 < r * 10_000
+        return sampled(self.rates.get(topic, self.default), message_id)
 
     async def refresh(self) -> None:
         """Read every topic's attributes (changes made through other gateways arrive so)."""
@@ -189,7 +171,8 @@ class Tracer:
         fields["topic"] = topic
         fields["event"] = event
         fields["door"] = door
-        fields["at"] = round(time.time() * 1000, 3)
+        if "at" not in fields:  # (given: an event recorded after a look-up, at the time it happened)
+            fields["at"] = round(time.time() * 1000, 3)
         self._buf.append((message_id, fields))
         self.recorded += 1
         if len(self._buf) >= self.batch and self._wake is not None:
@@ -238,6 +221,8 @@ class Tracer:
         ``new_handle``: the message stays in flight under that handle (a renewal: ``event`` "")."""
         known = self._handles.pop(handle, None)
         if known is None:
+            if event:  # popped through another gateway (or before tracing was on here)
+                self._look_up(ctx, group, handle, event, fields)
             return
         if new_handle:
             self._handles[new_handle] = known
@@ -256,6 +241,35 @@ class Tracer:
             self.settled(ctx, group, handle, "retried")
         else:
             self.settled(ctx, group, handle, "", new_handle=new_handle)
+
+    def _look_up(self, ctx: Any, group: str, handle: str, event: str, fields: dict[str, Any]) -> None:
+        """The settling of a handle this process did not pop: the handle names the queue and
+        offset, and its topic whether the message may be traced (the cheap check); if it may,
+        the message is read (off the caller's path) for its id and sampled like any other."""
+        try:
+            rh = ReceiptHandle.decode(handle)
+        except UnimqError:
+            return
+        topic = rh.topic
+        if is_lmq(topic):
+            return  # a door's own delivery queue: that door traces its deliveries
+        user = topic[len(RETRY_PREFIX):].rpartition("+")[2] if topic.startswith(RETRY_PREFIX) else topic
+        if self.rates.get(user, self.default) <= 0.0 or len(self._lookups) >= 1_000:
+            return
+        fields.update(client=ctx.client_id, group=group, at=round(time.time() * 1000, 3))
+        t = asyncio.get_running_loop().create_task(self._record_looked_up(rh, event, ctx.protocol, fields))
+        self._lookups.add(t)
+        t.add_done_callback(self._lookups.discard)
+
+    async def _record_looked_up(self, rh: ReceiptHandle, event: str, door: str, fields: dict[str, Any]) -> None:
+        try:
+            r = await self.broker.pull(rh.broker, rh.topic, rh.queue_id, rh.offset, 1, None, 0)
+        except Exception as e:  # gone, or its broker down: no event
+            log.debug("trace: looking up %s %d/%d failed: %s", rh.topic, rh.queue_id, rh.offset, e)
+            return
+        for m in r.messages:
+            if m.queue_offset == rh.offset:
+                self.message(m, event, door, **fields)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -330,24 +344,7 @@ class Tracer:
             self.dropped += len(buf)
             return 0
         broker, qid = where
-        # Records of up to PER_RECORD messages' events (a JSON list), keyed by every one of their
-        # ids: the store's cost is mostly per record, so tracing writes few records; a query by
-        # one id reads the records naming it and keeps that id's events (parse_events).
-        by_id: dict[str, list[dict]] = {}
-        for mid, f in buf:
-            evs = by_id.get(mid)
-            if evs is None:
-                by_id[mid] = [f]
-            else:
-                evs.append(f)
-        dumps = json.dumps
-        ids = list(by_id)
-        records = []
-        for i in range(0, len(ids), PER_RECORD):
-            chunk = ids[i:i + PER_RECORD]
-            evs = [e for mid in chunk for e in by_id[mid]]
-            records.append((len(evs), Message(TRACE_TOPIC, dumps(evs, separators=(",", ":")).encode(), tag="trace",
-                                              keys=tuple(chunk), protocol="internal", queue_id=qid)))
+        records = trace_records(buf, qid)  # (the format brokers write too: core_broker/trace_log.py)
         n = 0
         for i in range(0, len(records), RECORDS_PER_SEND):
             part = records[i:i + RECORDS_PER_SEND]

@@ -105,3 +105,55 @@ def test_traces_across_gateways_and_brokers(cluster: Any) -> None:
     pub.disconnect()
     h0.close()
     h1.close()
+
+
+@pytest.fixture
+def retrying_cluster(tmp_path: Any) -> Any:
+    c = Cluster(tmp_path, brokers=1, gateways=2, lease_s=4.0, heartbeat_s=1.0,
+                extra_broker_args=[*TEST_STORE_ARGS, "--set=broker.max_delivery_attempts=2",
+                                   "--set=broker.retry_backoff_ms=[100]"]).start()
+    yield c
+    c.stop()
+
+
+@pytest.mark.timeout(240)
+def test_ack_through_another_gateway_and_the_brokers_own_events(retrying_cluster: Any) -> None:
+    """A message popped over HTTP through gateway 0 and acked through gateway 1 shows the ack
+    (gateway 1 finds the message by the receipt handle); a message popped and never acked
+    shows the broker process's own retried and dead_lettered events."""
+    gw0, gw1 = retrying_cluster.gateways
+    h0 = httpx.Client(base_url=f"http://127.0.0.1:{gw0.ports['http']}", timeout=20)
+    h1 = httpx.Client(base_url=f"http://127.0.0.1:{gw1.ports['http']}", timeout=20)
+    assert h0.post("/v1/topics", json={"name": "orders", "queues": 1,
+                                       "attributes": {"trace_enabled": "true"}}).status_code == 201
+    # set through gateway 1 too: it applies the attributes at once (else within 5 s)
+    assert h1.patch("/v1/topics/orders", json={"attributes": {"trace_enabled": "true"}}).is_success
+    mid = h0.post("/v1/topics/orders/messages", content=b"o-1").json()["message_id"]
+    got = wait_for(lambda: h0.post("/v1/topics/orders/groups/billing/pop", params={"max": 1, "wait_s": 1})
+                   .json()["messages"], what="the pop")
+    assert [m["message_id"] for m in got] == [mid]
+    r = h1.post("/v1/topics/orders/groups/billing/ack", json={"receipt_handles": [got[0]["receipt_handle"]]})
+    assert r.is_success, r.text
+    ev = events_of(h0, mid, "acked")
+    assert [(e["event"], e["door"]) for e in ev] == [("stored", "http"), ("delivered", "http"), ("acked", "http")]
+    assert ev[2]["group"] == "billing"
+
+    # never acked: delivered twice (max_delivery_attempts = 2), then the broker dead-letters it
+    # (a group of its own, which starts at the first message: only this one counts)
+    mid2 = h1.post("/v1/topics/orders/messages", content=b"o-2").json()["message_id"]
+    seen: list[int] = []
+    deadline = time.monotonic() + 60
+    while len(seen) < 2:
+        assert time.monotonic() < deadline, f"deliveries so far: {seen}"
+        seen += [m["delivery_attempt"] for m in h1.post(
+            "/v1/topics/orders/groups/shipping/pop", params={"max": 2, "invisible_s": 0.3, "wait_s": 1})
+            .json()["messages"] if m["message_id"] == mid2]
+    assert seen == [1, 2]
+    ev = events_of(h0, mid2, "dead_lettered")
+    assert [(e["event"], e["door"]) for e in ev] == [
+        ("stored", "http"), ("delivered", "http"), ("retried", "broker"), ("delivered", "http"),
+        ("dead_lettered", "broker")]
+    assert ev[2]["attempt"] == 1 and ev[4]["dlq"] == "%DLQ%shipping" and ev[4]["attempts"] == 2
+    assert ev[4]["broker"] == "broker-a"
+    h0.close()
+    h1.close()

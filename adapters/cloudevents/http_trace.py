@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
+from gateway.trace import BROKER_DOOR
+
 from .http_errors import ApiError
 from .http_models import ERRORS
 from .http_request import Deps, request_context
@@ -23,11 +25,12 @@ __all__ = ["router", "trace_view"]
 
 
 def trace_view(message_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
-    """The answer: the events in time order, with the doors they went through in that order."""
+    """The answer: the events in time order, with the doors they went through in that order
+    (a broker's own events, its retries and dead letters, are not a door's)."""
     doors: list[str] = []
     for e in events:
         d = str(e.get("door", ""))
-        if d and d not in doors:
+        if d and d != BROKER_DOOR and d not in doors:
             doors.append(d)
     return {"message_id": message_id, "topic": events[0].get("topic") if events else None,
             "doors": doors, "events": events}

@@ -63,6 +63,8 @@ async def start_broker(node: Node, nameservers: list[tuple[str, int]]) -> Broker
                               s.broker_advertise)
     await node.listen(listener, "broker RPC listener", s.broker_port)
     node.store = listener.server.controller.store
+    # message traces: the broker records its own retries and dead letters (core_broker/trace_log.py)
+    listener.server.controller.pops.trace.default = float(s.trace_sample_rate)
     return listener.server
 
 
