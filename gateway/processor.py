@@ -530,7 +530,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         if out:
             out = expand_popped(out)  # a message of a batch record as itself (gateway/batch_codec.py)
             self.metrics.count_out(ctx.protocol, topic, len(out), sum(len(pm.message.body) for pm in out))
-            if self.tracer.on:
+            if self.tracer.on and not is_lmq(topic):  # a door's LMQ pop is traced as its delivery
                 self.tracer.popped(ctx, group, out)
         return out
 

@@ -273,3 +273,53 @@ async def test_push_subscription_trace(unimq_server: Any, tmp_path: Any) -> None
         assert [e["event"] for e in ev] == ["stored", "delivered", "retried", "retried", "acked"]
         assert ev[0]["door"] == "http" and {e["door"] for e in ev[1:]} == {"cloudevents"}
         assert ev[2]["subscription"] == sid and ev[3]["attempt"] == 2 and ev[1]["group"] == f"push-{sid}"
+
+
+def test_mqtt_shared_subscription_trace_with_expiry(unimq_server: Any) -> None:
+    """A shared subscription's member (paho, MQTT 5) is offline while two messages come, one
+    with a 1 s message expiry: back online, the expired one shows ``expired`` (dropped by the
+    door, never sent) and the other ``delivered`` to the member and ``acked`` by its PUBACK."""
+    srv = unimq_server()
+    with httpx.Client(base_url=srv.url(), timeout=20) as h:
+        assert h.post("/v1/topics", json={"name": "plant", "attributes": {"trace_enabled": "true"}}).status_code == 201
+        got: list[bytes] = []
+        member = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="worker-1", protocol=mqtt.MQTTv5)
+        member.on_message = lambda c, u, m: got.append(m.payload)
+        start = Properties(PacketTypes.CONNECT)
+        start.SessionExpiryInterval = 300
+        member.connect("127.0.0.1", srv.ports["mqtt"], clean_start=False, properties=start)
+        member.loop_start()
+        subscribed = member.subscribe("$share/workers/plant/#", qos=1)
+        assert subscribed[0] == mqtt.MQTT_ERR_SUCCESS
+        time.sleep(0.5)
+        member.loop_stop()
+        member.disconnect()
+
+        pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="sensor-9", protocol=mqtt.MQTTv5)
+        pub.connect("127.0.0.1", srv.ports["mqtt"])
+        pub.loop_start()
+        for key, payload, expiry in (("s-old", b"stale", 1), ("s-new", b"fresh", 0)):
+            props = Properties(PacketTypes.PUBLISH)
+            props.UserProperty = ("keys", key)
+            if expiry:
+                props.MessageExpiryInterval = expiry
+            pub.publish("plant/line2/temp", payload, qos=1, properties=props).wait_for_publish(10)
+        pub.loop_stop()
+        pub.disconnect()
+        old = find_id(h, "plant", "s-old")
+        time.sleep(1.5)  # past the first message's expiry
+
+        member.reconnect()
+        member.loop_start()
+        wait_for(lambda: got, what="the fresh message")
+        assert got == [b"fresh"]
+        new = find_id(h, "plant", "s-new")
+        ev = trace_of(h, new, lambda ev: "acked" in ev)["events"]
+        assert [(e["event"], e["door"]) for e in ev] == [("stored", "mqtt"), ("delivered", "mqtt"), ("acked", "mqtt")]
+        assert ev[1]["client"] == "worker-1" and ev[1]["group"] == "$share/workers/plant/#" and ev[1]["qos"] == 1
+        assert ev[1]["topic"] == "plant" and ev[2]["client"] == "worker-1"
+        ev = trace_of(h, old, lambda ev: "expired" in ev)["events"]
+        assert [(e["event"], e["door"]) for e in ev] == [("stored", "mqtt"), ("expired", "mqtt")]
+        assert ev[1]["client"] == "worker-1" and ev[1]["mqtt_topic"] == "plant/line2/temp"
+        member.loop_stop()
+        member.disconnect()

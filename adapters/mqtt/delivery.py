@@ -447,7 +447,7 @@ class Delivery:
 
     def acked(self, s: Session, f: Inflight) -> None:
         """A QoS 1 PUBACK or QoS 2 PUBREC arrived for ``f``."""
-        if self.tracer.on and f.receipt is None:  # a shared group's ack is the processor's to trace
+        if self.tracer.on:  # (a shared group's too: its delivery was marked by shared.py)
             trace_acked(self.tracer, s, f)
         if f.receipt is not None:
             self.spawn(self.shared.ack(s, f))

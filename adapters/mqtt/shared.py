@@ -14,10 +14,12 @@ from typing import Any, Callable, Coroutine
 from core_broker.errors import TopicNotFoundError, UnimqError
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
+from gateway.trace import tracer_of
 
 from .mapping import now_ms, outgoing_from_stored
 from .routing import Routing, SharedGroup
 from .session import Inflight, Session
+from .tracing import delivered as trace_delivered, mark_read as trace_mark_read
 
 log = logging.getLogger("unimq.mqtt")
 
@@ -33,6 +35,7 @@ class SharedDelivery:
         self.ctx = ctx
         self.routing = routing
         self.spawn = spawn
+        self.tracer = tracer_of(processor)  # message traces: deliveries, expiries (adapters/mqtt/tracing.py)
 
     def wake_session(self, s: Session, reconnected: bool = False) -> None:
         """``s`` can take messages again: pump the groups it is a member of (``reconnected``:
@@ -82,11 +85,16 @@ class SharedDelivery:
                             await self.processor.change_invisible(self.ctx, g.cgroup, g.lmq, p.receipt_handle, 0)
                         continue
                     now = now_ms()
+                    tracer = self.tracer
                     for p in got:
                         out = outgoing_from_stored(p.message.properties, p.message.body, p.message.topic)
                         q = min(out.qos, sub.qos)
-                        if out.expired(now) or q == 0:
-                            if not out.expired(now):
+                        expired = out.expired(now)
+                        if tracer.on:  # the pop of the group's LMQ is this door's delivery
+                            trace_delivered(tracer, s, sub.key(), trace_mark_read(out, p.message), q,
+                                            "expired" if expired else "delivered")
+                        if expired or q == 0:
+                            if not expired:
                                 conn.deliver(out, 0, False, [sub.sub_id] if sub.sub_id else None)
                             await self.processor.ack(self.ctx, g.cgroup, g.lmq, p.receipt_handle)
                             continue
