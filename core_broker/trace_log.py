@@ -29,7 +29,7 @@ from typing import Any, Iterable
 from crc32c import crc32c
 
 from .model import Message
-from .system_topics import P_ORIGIN_TOPIC, RETRY_PREFIX, TRACE_TOPIC
+from .system_topics import LMQ_PREFIX, P_ORIGIN_TOPIC, RETRY_PREFIX, TRACE_TOPIC
 
 __all__ = ["ATTR_ENABLED", "ATTR_RATE", "BrokerTrace", "PER_RECORD", "sampled", "topic_trace_rate", "trace_records"]
 
@@ -119,6 +119,8 @@ class BrokerTrace:
         The cheap check made for every revived message."""
         if topic.startswith(RETRY_PREFIX):
             topic = topic[len(RETRY_PREFIX):].rpartition("+")[2]
+        elif topic.startswith(LMQ_PREFIX):
+            return False  # a door's delivery queue (an MQTT shared group's): the door traces it
         return self.rate(topic) > 0.0
 
     def record(self, topic: str, queue_id: int, offset: int, event: str, **fields: Any) -> None:
