@@ -35,7 +35,6 @@ from .system_topics import (
     DLQ_PREFIX,
     JOURNAL_TOPIC,
     RETRY_PREFIX,
-    TRACE_TOPIC,
     is_lmq,
     is_system_topic,
     public_properties,
@@ -280,22 +279,6 @@ class BrokerController(MessageQueries):
         self.pops.revive_due()
         if self.cold_pops is not None and await self.cold_pops.resolve():
             self.pops.revive_due()  # what was popped from the tier, its records now looked up
-        if self.pops.trace.pending:
-            await self._write_trace()
-
-    async def _write_trace(self) -> None:
-        """Write the trace events of a revive round into this broker's queue of the trace topic
-        (core_broker/trace_log.py: where gateways' timeline queries find them)."""
-        trace = self.pops.trace
-        records = trace.take(0)
-        n = sum(k for k, _ in records)
-        try:
-            self.ensure_system_topic(TRACE_TOPIC)
-            await self.send([m for _, m in records])
-            trace.written += n
-        except Exception as e:  # a replica, a full disk: the events are lost, never the revival
-            trace.dropped += n
-            log.warning("trace: writing the broker's trace events failed: %s", e)
 
     async def _revive_round(self) -> float | None:
         """Revive what is due; seconds until the next invisible time ends (None: none in flight)."""

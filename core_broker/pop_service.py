@@ -109,7 +109,7 @@ class PopService:
         self.notify = notify
         self.ensure_topic = ensure_topic
         self.cursors: dict[Key, Cursor] = {}
-        self.trace = BrokerTrace(store, config.broker_name)  # revivals of traced messages (trace_log.py)
+        self.trace = BrokerTrace(store, config.broker_name, ensure_topic)  # revivals of traced messages (trace_log.py)
         self._heap: list[tuple[int, str, str, int, int, int]] = []  # visible_at, g, t, q, offset, version
         self.broker = config.broker_name
         # Called when an invisible time is pushed that ends before every other one: the
@@ -473,6 +473,8 @@ class PopService:
                 last = self.timers.schedule_link(phys, rt, 0, now + backoff, "rev", data, props, inf.attempt)
         for entry in later:
             heapq.heappush(heap, entry)
+        if self.trace.pending:
+            self.trace.write()
         return last
 
     def _origin_of(self, topic: str, qid: int, off: int) -> str:

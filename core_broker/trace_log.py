@@ -16,20 +16,23 @@ topic attributes (:func:`topic_trace_rate`) with the process-wide ``trace_sample
 broker and gateways pick the same messages. The off case is one topic-table lookup per revived
 message (:meth:`BrokerTrace.traced`); only a traced topic's message is read for its id.
 
-Events are buffered during a revive round and written after it in one send (no message waits).
+Events are buffered during a revive round and written at its end (:meth:`BrokerTrace.write`).
 Hand-written: the format is our own (JSON lists of events, keyed by message ids).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from crc32c import crc32c
 
 from .model import Message
 from .system_topics import LMQ_PREFIX, P_ORIGIN_TOPIC, RETRY_PREFIX, TRACE_TOPIC
+
+log = logging.getLogger("unimq.trace")
 
 __all__ = ["ATTR_ENABLED", "ATTR_RATE", "BrokerTrace", "PER_RECORD", "sampled", "topic_trace_rate", "trace_records"]
 
@@ -100,9 +103,10 @@ def trace_records(buf: Iterable[tuple[str, dict]], queue_id: int) -> list[tuple[
 class BrokerTrace:
     """The broker's own trace events: which revived messages are traced, and their buffer."""
 
-    def __init__(self, store: Any, broker: str) -> None:
-        self.store = store  # core_broker.message_store.MessageStore: its topic table and read_at
+    def __init__(self, store: Any, broker: str, ensure_topic: Callable[[str], None]) -> None:
+        self.store = store  # core_broker.message_store.MessageStore: topic table, read_at, put_nowait
         self.broker = broker
+        self.ensure_topic = ensure_topic
         self.default = 0.0  # the process-wide trace_sample_rate (set by the broker's role)
         self.pending: list[tuple[str, dict]] = []
         self.written = 0
@@ -140,7 +144,18 @@ class BrokerTrace:
                       at=round(time.time() * 1000, 3))
         self.pending.append((mid, fields))
 
-    def take(self, queue_id: int) -> list[tuple[int, Message]]:
-        """The buffered events as records (the buffer emptied)."""
+    def write(self) -> None:
+        """Write the buffered events into this broker's queue of the trace topic (created like
+        a retry topic), as the journal's entries of the same revive round are: memory copies."""
         buf, self.pending = self.pending, []
-        return trace_records(buf, queue_id)
+        records = trace_records(buf, 0)
+        left = len(buf)
+        try:
+            self.ensure_topic(TRACE_TOPIC)
+            for n, m in records:
+                self.store.put_nowait(m)
+                self.written += n
+                left -= n
+        except Exception as e:  # a full disk: the events are lost, never the revival
+            self.dropped += left
+            log.warning("trace: writing the broker's trace events failed: %s", e)
