@@ -13,8 +13,10 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-#: The HTTP door's largest pull page (``max`` of ``GET .../queues/{q}/messages``).
-MAX_PAGE = 4096
+#: The HTTP door's largest pull page (``max`` of ``GET .../queues/{q}/messages``): Arrow pages
+#: up to MAX_PAGE, JSON pages (the fallback) up to MAX_JSON_PAGE (the door's limits).
+MAX_PAGE = 16384
+MAX_JSON_PAGE = 4096
 
 SOURCE_KEYS = {
     "endpoint", "topics", "topic", "topicpattern", "startingoffsets", "endingoffsets", "maxmessagespertrigger",

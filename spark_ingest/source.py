@@ -48,7 +48,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from . import offsets as off
 from . import wire
 from .client import GatewayClient, GatewayError
-from .options import OptionError, SinkOptions, SourceOptions
+from .options import MAX_JSON_PAGE, OptionError, SinkOptions, SourceOptions
 from .schema import SCHEMA_DDL, spark_schema
 
 DataLossError = off.DataLossError
@@ -102,8 +102,12 @@ def _projection(schema: Any) -> tuple[str, ...] | None:
 
 
 def _fetch(client: GatewayClient, state: dict, topic: str, queue_id: int, offset: int,
-           want: int) -> tuple[pa.RecordBatch | None, int, int]:
-    """One page as (batch or None when empty, queue min offset, queue max offset)."""
+           want: int) -> tuple[list[pa.RecordBatch], int, int]:
+    """One page as (its non-empty batches, queue min offset, queue max offset).
+
+    An Arrow page's batches are kept as the door sent them (one per batch record on a batch
+    topic): concatenating them would copy every column once more in the Python worker for
+    nothing, since Spark takes any number of batches."""
     if state["arrow"]:
         try:
             batches, _nxt, lo, hi = client.pull_arrow(topic, queue_id, offset, want)
@@ -112,12 +116,10 @@ def _fetch(client: GatewayClient, state: dict, topic: str, queue_id: int, offset
                 raise
             state["arrow"] = False  # a door without Arrow pages (or without pyarrow): JSON pages
         else:
-            if len(batches) > 1:
-                batches = pa.Table.from_batches(batches, wire.ARROW_SCHEMA).combine_chunks().to_batches()
-            return (batches[0] if batches and batches[0].num_rows else None), lo, hi
-    page = client.pull_json(topic, queue_id, offset, want)
+            return [b for b in batches if b.num_rows], lo, hi
+    page = client.pull_json(topic, queue_id, offset, min(want, MAX_JSON_PAGE))
     msgs = page["messages"]
-    return (wire.json_to_batch(msgs) if msgs else None), int(page["min_offset"]), int(page["max_offset"])
+    return ([wire.json_to_batch(msgs)] if msgs else []), int(page["min_offset"]), int(page["max_offset"])
 
 
 def read_range(opts: SourceOptions, p: UnimqPartition, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
@@ -136,19 +138,20 @@ def read_range(opts: SourceOptions, p: UnimqPartition, columns: Sequence[str] | 
     where = f"topic {p.topic!r} queue {p.queue_id}"
     try:
         while offset < p.end:
-            want = min(opts.page_size, p.end - offset)
+            size = opts.page_size if state["arrow"] else min(opts.page_size, MAX_JSON_PAGE)
+            want = min(size, p.end - offset)
             if ahead is not None and ahead[:2] == (offset, want):
-                batch, lo, hi = ahead[2].result()
+                batches, lo, hi = ahead[2].result()
             else:
                 if ahead is not None:  # a guess that missed (a short page): let it finish, drop it
                     ahead[2].exception()
-                batch, lo, hi = _fetch(client, state, p.topic, p.queue_id, offset, want)
+                batches, lo, hi = _fetch(client, state, p.topic, p.queue_id, offset, want)
             ahead = None
             if offset + want < p.end:  # speculate that this page is full: fetch the next one now
                 nxt = offset + want
-                nwant = min(opts.page_size, p.end - nxt)
+                nwant = min(size, p.end - nxt)
                 ahead = (nxt, nwant, pool.submit(_fetch, client, state, p.topic, p.queue_id, nxt, nwant))
-            n = batch.num_rows if batch is not None else 0
+            n = sum(b.num_rows for b in batches)
             if n == 0:
                 if offset < lo:  # retention removed [offset, lo) before we read it
                     if opts.fail_on_data_loss:
@@ -162,8 +165,8 @@ def read_range(opts: SourceOptions, p: UnimqPartition, columns: Sequence[str] | 
                     f"{where}: no message at offset {offset} (the queue holds [{lo}, {hi})) although the planned "
                     f"range ends at {p.end}: the topic was deleted or recreated"
                 )
-            assert batch is not None
-            qo = batch.column(2).to_numpy()
+            qo = np.concatenate([b.column(2).to_numpy() for b in batches]) if len(batches) > 1 \
+                else batches[0].column(2).to_numpy()
             first, last = int(qo[0]), int(qo[-1])
             contiguous = opts.compacted is None  # else gaps are where compaction dropped older values
             if contiguous and (first != offset or last - first != n - 1 or (n > 2 and not (np.diff(qo) == 1).all())):
@@ -173,13 +176,18 @@ def read_range(opts: SourceOptions, p: UnimqPartition, columns: Sequence[str] | 
                         f"{where}: offset {missing} is missing from the queue (read {first}..{last} from {offset}); "
                         "a message was lost or unreadable (failOnDataLoss=false skips it)"
                     )
+            keep = n
             if last >= p.end:
                 keep = int(np.searchsorted(qo, p.end))
-                batch = batch.slice(0, keep)
                 last = p.end - 1
-            if columns is not None:
-                batch = batch.select(list(columns))
-            if batch.num_rows:
+            for batch in batches:
+                if keep <= 0:
+                    break
+                if batch.num_rows > keep:
+                    batch = batch.slice(0, keep)
+                keep -= batch.num_rows
+                if columns is not None:
+                    batch = batch.select(list(columns))
                 yield batch
             offset = last + 1
     finally:

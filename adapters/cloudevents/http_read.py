@@ -24,6 +24,13 @@ from .http_request import Deps, filter_of, millis, request_context
 from .http_responses import cloudevents_batch, json_response, message_json, wants_cloudevents
 from .mapping import CE_BATCH_CONTENT_TYPE
 
+#: Largest pull page by offset: JSON pages (a dict per message) stay small; Arrow pages are
+#: columns built in bulk, and a bigger page halves the per-request cost of the Spark source
+#: (the request, the page's fixed work, the worker's IPC hand-off): measured 0.5 ms a page on
+#: each side on the loaded 2-core bench machine.
+MAX_JSON_PAGE = 4096
+MAX_ARROW_PAGE = 16384
+
 __all__ = ["router"]
 
 
@@ -72,7 +79,8 @@ def router(deps: Deps) -> APIRouter:
         topic: str = Path(description="topic name"),
         queue: int = Path(ge=0, le=1023, description="queue id"),
         offset: int = Query(0, ge=0, le=2**62, description="first queue offset to read"),
-        max: int = Query(32, ge=1, le=4096, description="most messages to return"),
+        max: int = Query(32, ge=1, le=MAX_ARROW_PAGE, description="most messages to return (at most "
+                         f"{MAX_JSON_PAGE} in JSON, {MAX_ARROW_PAGE} in Arrow pages)"),
         wait_s: float = Query(0.0, ge=0, le=30, description="long-poll when caught up"),
         tag: str | None = Query(None, description="tag filter expression"),
         sql: str | None = Query(None, description="SQL92 filter over properties"),
@@ -88,8 +96,8 @@ def router(deps: Deps) -> APIRouter:
             return Response(page.data, media_type=page.media_type, headers={
                 "unimq-next-offset": str(page.next_offset), "unimq-min-offset": str(page.min_offset),
                 "unimq-max-offset": str(page.max_offset)})
-        r = await p.pull(request_context(request, "http"), topic, queue, offset, max, filter_of(tag, sql),
-                         millis(wait_s))
+        r = await p.pull(request_context(request, "http"), topic, queue, offset, min(max, MAX_JSON_PAGE),
+                         filter_of(tag, sql), millis(wait_s))
         if wants_cloudevents(request):
             return cloudevents_batch([(m, None) for m in r.messages])
         return json_response({
