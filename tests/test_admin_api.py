@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import paho.mqtt.client as mqtt
@@ -21,17 +21,7 @@ import pytest
 from adapters.cloudevents.admin_views import RateMeter, page
 from gateway.clients import ClientInfo, ClientRegistry
 from tests.conftest import REPO_ROOT
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = check()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+from polling import wait_for
 
 
 def mqtt_client(port: int, client_id: str, clean: bool = True) -> mqtt.Client:

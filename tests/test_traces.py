@@ -22,17 +22,7 @@ from paho.mqtt.properties import Properties
 
 from http_helpers import Webhook, start_server, until
 from tests.conftest import REPO_ROOT
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = check()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+from polling import wait_for
 
 
 def publish_mqtt(port: int, topic: str, payload: bytes, key: str) -> None:

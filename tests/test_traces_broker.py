@@ -8,20 +8,10 @@ through the same gets no trace at all.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 import httpx
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = check()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+from polling import wait_for
 
 
 def test_expired_pops_are_retried_then_dead_lettered_in_the_trace(unimq_server: Any) -> None:

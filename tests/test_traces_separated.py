@@ -8,7 +8,7 @@ other, show their stored / delivered / acked events wherever their brokers are.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import paho.mqtt.client as mqtt
@@ -19,17 +19,7 @@ from paho.mqtt.properties import Properties
 
 from conftest import TEST_STORE_ARGS
 from unimq.local_cluster import Cluster
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = check()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+from polling import wait_for
 
 
 @pytest.fixture
