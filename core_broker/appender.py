@@ -55,6 +55,8 @@ _crc32c = record.crc32c
 _MAGIC = record.MAGIC_MESSAGE
 _HEADER_SIZE = record.HEADER_SIZE
 _NOT_LINK = ~record.FLAG_LINK  # a put never stores the link bit (see record.encode)
+# A bare message (no properties) is never a batch record: a batch carries its count as a property.
+_BARE_FLAGS = ~(record.FLAG_LINK | record.FLAG_BATCH)
 _FLAG_BATCH = record.FLAG_BATCH
 _bare_head = record.bare_head_packer
 _HEX4: tuple[str, ...] = tuple(struct.pack(">65536H", *range(65536)).hex(" ", 2).upper().split())
@@ -172,7 +174,7 @@ class Appender:
                     raise MessageTooLargeError(f"a record of {size} bytes does not fit a commitlog segment")
                 pos = cl.make_room(size)
             tail = head_pack(
-                msg.flags & _NOT_LINK, msg.queue_id, qo, pos, msg.born_timestamp_ms or now, now, msg.delivery_time_ms, -1,
+                msg.flags & _BARE_FLAGS, msg.queue_id, qo, pos, msg.born_timestamp_ms or now, now, msg.delivery_time_ms, -1,
                 msg.reconsume_times, lt, lp, bl, tp,
             ) + body
             cl.write_at(pos, _pack_prefix(size, _MAGIC, _crc32c(tail)) + tail)
