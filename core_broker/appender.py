@@ -38,6 +38,7 @@ import struct
 from typing import Callable, Sequence
 
 from . import record
+from .batch_queue import BatchConsumeQueue
 from .commitlog import CommitLog
 from .consume_queue import ENTRY as CQ_ENTRY, ConsumeQueue
 from .errors import BadRequestError, MessageTooLargeError, StoreClosedError, StoreFullError
@@ -439,7 +440,7 @@ class Appender:
         its batch queue for queue offsets [qo, qo + count); each extra target (an LMQ) gets one
         classic entry per message of the batch routed to it, the message's index in the
         tag-hash field. The body is stored as it came: never unpacked here."""
-        if not getattr(cq, "batch", False):
+        if not isinstance(cq, BatchConsumeQueue):
             raise BadRequestError(f"topic {msg.topic!r} is not a batch topic (attribute batch=true)")
         props = msg.properties
         try:

@@ -67,9 +67,8 @@ class BulkCalls:
                            max_count: int) -> tuple[list, int, int] | None:
         """A batch topic's records whole, for :meth:`pull_arrow` (MessageStore.get_batches); None: use pull."""
         self._check(ctx, _SUB, _TOPIC, topic)
-        whole = getattr(self.broker, "pull_batches", None)
-        return None if whole is None else await whole(await self._queue_broker(ctx, topic, queue_id, None), topic,
-                                                       queue_id, offset, max_count)
+        return await self.broker.pull_batches(await self._queue_broker(ctx, topic, queue_id, None), topic,
+                                              queue_id, offset, max_count)
 
 
 def _stamp(ctx: RequestContext, m: Message) -> Message:

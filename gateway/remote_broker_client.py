@@ -489,6 +489,10 @@ class RemoteBrokerClient:
     async def pull_raw(self, broker: str, topic: str, queue_id: int, offset: int, max_count: int) -> RawPage | None:
         return None  # see reads_raw
 
+    async def pull_batches(self, broker: str, topic: str, queue_id: int, offset: int,
+                           max_count: int) -> tuple[list, int, int] | None:
+        return None  # records do not travel whole over the RPC: readers pull single messages
+
     async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None:
         mp = await self._static(topic)
         if mp is not None:
