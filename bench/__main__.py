@@ -46,6 +46,7 @@ SECTIONS: dict[str, str] = {
     "mqtt": "bench.mqtt_bench",
     "lmq": "bench.lmq_bench",
     "connect": "bench.connect_bench",
+    "capacity": "bench.capacity_bench",
     "spark": "bench.spark_bench",
     "http": "bench.http_bench",
     "replication": "bench.replication_bench",
