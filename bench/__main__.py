@@ -47,6 +47,7 @@ SECTIONS: dict[str, str] = {
     "lmq": "bench.lmq_bench",
     "connect": "bench.connect_bench",
     "capacity": "bench.capacity_bench",
+    "reconnect": "bench.reconnect_bench",
     "spark": "bench.spark_bench",
     "http": "bench.http_bench",
     "replication": "bench.replication_bench",

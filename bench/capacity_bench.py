@@ -14,162 +14,34 @@ gateway, as a fleet runs it). Reported: RSS of the Mosquitto process and of the 
 with every client connected, and the growth per client of Mosquitto and of all unimq
 processes summed (issue 21's floor: under 10 KiB per idle client).
 
-The client is epoll over non-blocking sockets in each process (as ``connect_bench``): an
-asyncio connection per client costs four times the client CPU and 5 KiB of the client's RSS.
+The clients are ``bench.device_swarm``'s (epoll over non-blocking sockets, devices retry as
+devices do).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import select
-import socket
 import sys
 import tempfile
-from collections import deque
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 try:
     from . import Context, Row
-    from .mqtt_bench import HOST, Mosquitto, connect_pkt, subscribe_pkt
+    from .device_swarm import CONNACK, SUBACK, Swarm, Wave
+    from .mqtt_bench import Mosquitto
     from .procs import rss_mib
 except ImportError:  # run as a script
     from bench import Context, Row  # type: ignore[no-redef]
-    from bench.mqtt_bench import HOST, Mosquitto, connect_pkt, subscribe_pkt  # type: ignore[no-redef]
+    from bench.device_swarm import CONNACK, SUBACK, Swarm, Wave  # type: ignore[no-redef]
+    from bench.mqtt_bench import Mosquitto  # type: ignore[no-redef]
     from bench.procs import rss_mib  # type: ignore[no-redef]
 
 NAME = "capacity"
 TITLE = "MQTT idle clients: the most one Mosquitto process holds, and the same number on one unimq gateway"
 
-OUTSTANDING = 400  # handshakes in flight per client process
-HANDSHAKE_S = 15.0  # a client with no CONNACK + SUBACK by then tries again
-ATTEMPTS = 3
-PER_WORKER = 10_000
 STORE = ["--set=store.commitlog_segment_size=67108864", "--set=store.cq_entries_per_file=100000"]
-
-
-@dataclass
-class _Handshake:
-    sock: socket.socket
-    client: int
-    attempt: int
-    out: bytes  # CONNECT + SUBSCRIBE, until sent
-    t: float
-    got: bytes = b""
-
-
-def _hold(port: int, src: str, first: int, n: int, conn: Connection) -> None:
-    """One client process: ``n`` clients from ``src``; reports how many completed CONNECT and
-    SUBSCRIBE, keeps them open until told to stop. A client that failed tries again, up to
-    ``ATTEMPTS`` times in all, as a device would; a server at its file limit refuses every try."""
-    ep = select.epoll()
-    waiting: dict[int, _Handshake] = {}
-    held: list[socket.socket] = []
-    todo = deque((i, 1) for i in range(first, first + n))  # (client, attempt)
-    reasons: dict[str, int] = {}  # why clients were given up, after their last attempt
-    retried = 0
-
-    def drop(fd: int, why: str) -> None:
-        nonlocal retried
-        ep.unregister(fd)
-        h = waiting.pop(fd)
-        h.sock.close()
-        if h.attempt < ATTEMPTS:
-            todo.append((h.client, h.attempt + 1))
-            retried += 1
-        else:
-            reasons[why] = reasons.get(why, 0) + 1
-
-    try:
-        while todo or waiting:
-            while todo and len(waiting) < OUTSTANDING:
-                i, attempt = todo.popleft()
-                c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                c.setblocking(False)
-                c.bind((src, 0))
-                c.connect_ex((HOST, port))
-                ep.register(c.fileno(), select.EPOLLOUT)
-                cid = f"cap-{i}"
-                waiting[c.fileno()] = _Handshake(c, i, attempt, connect_pkt(cid, clean=True, keepalive=0)
-                                                 + subscribe_pkt(f"cap/{cid}", 1, 1), time.monotonic())
-            for fd, ev in ep.poll(0.5):
-                h = waiting[fd]
-                if h.out:  # connected (or failed to): send CONNECT and SUBSCRIBE at once
-                    if ev & (select.EPOLLERR | select.EPOLLHUP):
-                        drop(fd, "connect failed")
-                        continue
-                    h.sock.send(h.out)
-                    h.out = b""
-                    ep.modify(fd, select.EPOLLIN)
-                    continue
-                try:
-                    data = h.sock.recv(64)
-                except OSError:
-                    data = b""
-                h.got += data
-                if not data or (len(h.got) >= 4 and (h.got[:2] != b"\x20\x02" or h.got[3] != 0)):
-                    drop(fd, "closed" if not data else "refused")
-                elif len(h.got) >= 9:  # CONNACK (4 bytes) and SUBACK (5 bytes)
-                    if h.got[4] == 0x90 and h.got[8] != 0x80:
-                        ep.unregister(fd)
-                        held.append(waiting.pop(fd).sock)
-                    else:
-                        drop(fd, "subscription refused")
-            now = time.monotonic()
-            for fd in [fd for fd, h in waiting.items() if now - h.t > HANDSHAKE_S]:
-                drop(fd, "not answered")
-        conn.send(("held", len(held), retried, reasons))
-        conn.recv()  # stop
-    except Exception as e:  # the parent says which client process failed, and why
-        conn.send(("error", f"{src}: {e!r}"))
-    finally:
-        ep.close()
-        for c in held:
-            c.close()
-        for h in waiting.values():
-            h.sock.close()
-
-
-def connect_many(port: int, n: int) -> tuple[int, int, dict[str, int], list[Connection],
-                                                   list[mp.process.BaseProcess]]:
-    """``n`` clients over ceil(n / 10,000) client processes; (held, tries again, why the others
-    failed, pipes, processes).
-    The caller tells each pipe "stop" once it has measured."""
-    ctx = mp.get_context("spawn")
-    pipes, procs = [], []
-    for k, first in enumerate(range(0, n, PER_WORKER)):
-        a, b = ctx.Pipe()
-        w = ctx.Process(target=_hold, args=(port, f"127.0.0.{2 + k}", first, min(PER_WORKER, n - first), b))
-        w.start()
-        pipes.append(a)
-        procs.append(w)
-    held = retried = 0
-    failed: dict[str, int] = {}
-    for a in pipes:
-        if not a.poll(900):
-            raise TimeoutError("a client process did not answer in 900 s")
-        r = a.recv()
-        if r[0] == "error":
-            raise RuntimeError(f"client process failed: {r[1]}")
-        held += r[1]
-        retried += r[2]
-        for why, k in r[3].items():
-            failed[why] = failed.get(why, 0) + k
-    return held, retried, failed, pipes, procs
-
-
-def _release(pipes: list[Connection], procs: list[mp.process.BaseProcess]) -> None:
-    for a in pipes:
-        try:
-            a.send("stop")
-        except OSError:
-            pass
-    for w in procs:
-        w.join(30)
-        if w.is_alive():
-            w.kill()
+IDLE = Wave("cap", clean=True, topic="cap/{i}", wait=frozenset({CONNACK, SUBACK}), hold=True)
 
 
 @dataclass
@@ -178,17 +50,11 @@ class Held:
     and of all the target's processes summed before and after."""
 
     clients: int
-    retried: int
-    failed: dict[str, int]
+    why: str  # the devices given up, and tries again
     rss0: float
     rss: float
     total0: float
     total: float
-
-    @property
-    def why(self) -> str:
-        gave_up = ", ".join(f"{k:,} {why}" for why, k in self.failed.items()) or "none given up"
-        return f"{gave_up}; {self.retried:,} tries again"
 
     @property
     def kib_per_client(self) -> float:
@@ -199,13 +65,14 @@ def mosquitto(base: Path, n: int) -> Held:
     m = Mosquitto(base)
     try:
         r0 = rss_mib(m.proc.pid)
-        held, retried, failed, pipes, procs = connect_many(m.port, n)
+        swarm = Swarm(m.port, n)
         try:
+            w = swarm.wave(IDLE)
             time.sleep(2)
             r = rss_mib(m.proc.pid)
         finally:
-            _release(pipes, procs)
-        return Held(held, retried, failed, r0, r, r0, r)
+            swarm.stop()
+        return Held(w.done, w.why(), r0, r, r0, r)
     finally:
         m.stop()
 
@@ -219,13 +86,14 @@ def unimq_gateway(base: Path, n: int) -> Held:
         gw = c.gateways[0].popen.pid  # type: ignore[union-attr]
         pids = [p.popen.pid for p in (*c.gateways, *c.brokers.values(), c.nameserver) if p is not None]
         r0, t0 = rss_mib(gw), sum(rss_mib(p) for p in pids)
-        held, retried, failed, pipes, procs = connect_many(port, n)
+        swarm = Swarm(port, n)
         try:
+            w = swarm.wave(IDLE)
             time.sleep(3)  # the gateway settles (subscriptions registered)
             r, t = rss_mib(gw), sum(rss_mib(p) for p in pids)
         finally:
-            _release(pipes, procs)
-        return Held(held, retried, failed, r0, r, t0, t)
+            swarm.stop()
+        return Held(w.done, w.why(), r0, r, t0, t)
     finally:
         c.stop()
 

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,8 +146,6 @@ class Cluster:
         self.nameserver = start_proc("nameserver", ["nameserver", "--port", "0", "--lease-s", str(self.lease_s),
                                                      *self.common_args])
         # brokers and gateways start in parallel: each only needs the nameserver
-        from concurrent.futures import ThreadPoolExecutor
-
         names = [f"broker-{chr(ord('a') + i)}" for i in range(self.n_brokers)]
         with ThreadPoolExecutor(self.n_brokers + self.n_gateways) as pool:
             brokers = [pool.submit(self._spawn_broker, n) for n in names]
@@ -185,6 +184,15 @@ class Cluster:
         for p in [*self.gateways, *self.brokers.values(), self.nameserver]:
             if p is not None:
                 p.kill9()
+
+    def restart_gateways(self) -> None:
+        """Every gateway stopped (SIGTERM) and as many started again, as after a rolling update
+        of a fleet's gateways done at once: their devices reconnect to the new ones."""
+        n = len(self.gateways)
+        for g in self.gateways:
+            g.stop()
+        with ThreadPoolExecutor(n) as pool:
+            self.gateways = list(pool.map(lambda _: self._spawn_gateway(), range(n)))
 
     def gateway_rpc(self) -> list[tuple[str, int]]:
         return [("127.0.0.1", g.ports["rpc"]) for g in self.gateways]
