@@ -151,6 +151,30 @@ class GatewayClient:
         return orjson.loads(self.request("POST", f"/v1/topics/{self._t(topic)}/messages", body=orjson.dumps(items),
                                          headers={"content-type": BATCH_JSON})[2])
 
-    def create_topic(self, topic: str, queues: int = 4) -> None:
-        self.request("POST", "/v1/topics", body=orjson.dumps({"name": topic, "queues": queues}),
+    def create_topic(self, topic: str, queues: int = 4, kind: str = "NORMAL") -> None:
+        """Create ``topic`` of type ``kind``; nothing if it exists with that type (409: another type)."""
+        self.request("POST", "/v1/topics", body=orjson.dumps({"name": topic, "queues": queues, "type": kind}),
                      headers={"content-type": "application/json"})
+
+    def delete_topic(self, topic: str) -> bool:
+        """Delete ``topic`` with its messages; False if there was none."""
+        try:
+            self.request("DELETE", f"/v1/topics/{self._t(topic)}")
+        except GatewayError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def read_table(self, topic: str, page: int = 4096) -> list[dict]:
+        """Every row of a COMPACTED topic's table (``GET /v1/topics/{t}/table``, page by page): the
+        latest message of each key (``key``, ``body_base64``, ...), deleted keys left out."""
+        rows: list[dict] = []
+        cursor: str | None = None
+        while True:
+            q = f"?max={page}" + (f"&cursor={urllib.parse.quote(cursor, safe='')}" if cursor else "")
+            doc = self.get_json(f"/v1/topics/{self._t(topic)}/table{q}")
+            rows += doc["rows"]
+            cursor = doc["cursor"]
+            if cursor is None:
+                return rows

@@ -11,19 +11,29 @@ messages). Each micro-batch's updated windows are printed and sent to
 tag ``stats``, properties ``stats_topic``, ``stats_protocol``,
 ``window_start``, ``window_end``): later messages for a key supersede earlier
 ones (output mode update). Publishing is at-least-once.
+
+The running aggregates live in a COMPACTED state topic (``--state-topic``, by default
+named after the topics, window and output topic), committed after each micro-batch with
+the source offsets they count (:mod:`.stats_state`, :mod:`spark_ingest.state_topic`): a
+restarted job, with or without its checkpoint directory, restores them and continues
+from those offsets, counting every message exactly once.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import hashlib
+import shutil
 import sys
 from collections import Counter
 from typing import Any, Sequence, TextIO
 
 import orjson
 
+from ..offsets import dumps as offsets_json
+from ..state_topic import StateTopic
 from . import common
+from .stats_state import RunningStats, col_name
 
 MAX_AUTO_FIELDS = 10
 
@@ -41,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", metavar="DIR",
                    help="checkpoint directory, to continue where the last run stopped (default: a temporary one, "
                         "removed at exit: each run starts from --starting-offsets)")
+    p.add_argument("--state-topic", metavar="TOPIC",
+                   help="COMPACTED topic of the running aggregates and the offsets they count, created on demand "
+                        "(default unimq-stats-state-<hash of the topics, window and output topic>)")
+    p.add_argument("--reset-state", action="store_true",
+                   help="delete the state topic and the --checkpoint directory first: start again from "
+                        "--starting-offsets (which a job with state ignores)")
     p.add_argument("--show", type=int, default=20, metavar="N", help="rows printed per micro-batch (default 20)")
     return p
 
@@ -79,23 +95,75 @@ def topics_of(endpoint: str, args: argparse.Namespace) -> list[str]:
         return select_topics(list(c.list_topics()), (), args.topic_pattern)
 
 
-def _col_name(field: str) -> str:
-    return re.sub(r"[^0-9A-Za-z_]", "_", field)
+def state_topic_name(args: argparse.Namespace) -> str:
+    """``--state-topic``, or a name derived from what the state depends on (so a restart finds it)."""
+    if args.state_topic:
+        return str(args.state_topic)
+    topics = sorted(t.strip() for t in (args.topics or "").split(",") if t.strip())
+    ident = orjson.dumps([topics, args.topic_pattern, args.window, args.output_topic])
+    return f"unimq-stats-state-{hashlib.sha1(ident).hexdigest()[:10]}"
 
 
 def aggregate(df: Any, fields: Sequence[str], window: str, watermark: str) -> Any:
-    """The windowed aggregation (a streaming or a batch DataFrame of the unimq table)."""
+    """The windowed aggregation of a streaming or a batch DataFrame of the unimq table in one pass
+    (Spark keeping the state); the job's incremental result over the same rows equals it."""
     from pyspark.sql import functions as F
 
     body = F.col("body").cast("string")
     exprs = [F.count(F.lit(1)).alias("count"), F.sum(F.length("body")).cast("long").alias("bytes")]
     for f in fields:
         v = F.get_json_object(body, f"$.{f}").cast("double")
-        c = _col_name(f)
+        c = col_name(f)
         exprs += [F.min(v).alias(f"{c}__min"), F.avg(v).alias(f"{c}__avg"), F.max(v).alias(f"{c}__max")]
     if df.isStreaming:
         df = df.withWatermark("store_timestamp", watermark)
     return df.groupBy(F.window("store_timestamp", window), "topic", "protocol").agg(*exprs)
+
+
+def partials(df: Any, fields: Sequence[str], window: str, counted: dict[str, dict[str, int]]) -> Any:
+    """One micro-batch aggregated without state, per window, topic, protocol and queue (rows
+    for :meth:`RunningStats.apply`); rows below the ``counted`` offsets (a replay) left out."""
+    from pyspark.sql import functions as F
+
+    seen = None
+    for t, qs in counted.items():
+        for q, o in qs.items():
+            c = (F.col("topic") == t) & (F.col("queue_id") == int(q)) & (F.col("queue_offset") < o)
+            seen = c if seen is None else seen | c
+    if seen is not None:
+        df = df.where(~seen)
+    body = F.col("body").cast("string")
+    exprs = [F.count(F.lit(1)).alias("count"), F.sum(F.length("body")).cast("long").alias("bytes"),
+             F.min("queue_offset").alias("lo"), F.max("queue_offset").alias("hi"),
+             F.max(F.unix_micros("store_timestamp")).alias("max_ts_us")]
+    for f in fields:
+        v = F.get_json_object(body, f"$.{f}").cast("double")
+        c = col_name(f)
+        exprs += [F.min(v).alias(f"{c}__min"), F.sum(v).alias(f"{c}__sum"), F.count(v).alias(f"{c}__n"),
+                  F.max(v).alias(f"{c}__max")]
+    return (df.groupBy(F.window("store_timestamp", window).alias("w"), "topic", "protocol", "queue_id").agg(*exprs)
+            .withColumn("start_us", F.unix_micros("w.start")).withColumn("end_us", F.unix_micros("w.end")).drop("w"))
+
+
+def entries_frame(spark: Any, entries: Sequence[dict], fields: Sequence[str]) -> Any:
+    """Running entries as a local DataFrame in :func:`aggregate`'s shape (for :func:`presentable`)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    cols = [T.StructField("start_us", T.LongType()), T.StructField("end_us", T.LongType()),
+            T.StructField("topic", T.StringType()), T.StructField("protocol", T.StringType()),
+            T.StructField("count", T.LongType()), T.StructField("bytes", T.LongType())]
+    cols += [T.StructField(f"{col_name(f)}__{a}", T.DoubleType()) for f in fields for a in ("min", "avg", "max")]
+    data = []
+    for e in entries:
+        row: list = [e["start_us"], e["end_us"], e["topic"], e["protocol"], e["count"], e["bytes"]]
+        for f in fields:
+            v = e["fields"].get(f)
+            row += [None, None, None] if v is None else [v[0], v[1] / v[2], v[3]]
+        data.append(row)
+    df = spark.createDataFrame(data, T.StructType(cols))
+    window = F.struct(F.timestamp_micros("start_us").alias("start"), F.timestamp_micros("end_us").alias("end"))
+    return df.select(window.alias("window"), *[c.name for c in cols[2:]])
 
 
 def presentable(agg: Any, fields: Sequence[str]) -> Any:
@@ -105,7 +173,7 @@ def presentable(agg: Any, fields: Sequence[str]) -> Any:
     per_field = []
     summary = []
     for f in fields:
-        c = _col_name(f)
+        c = col_name(f)
         per_field.append(F.when(F.col(f"{c}__avg").isNotNull(), F.struct(
             F.col(f"{c}__min").alias("min"), F.round(F.col(f"{c}__avg"), 3).alias("avg"),
             F.col(f"{c}__max").alias("max"))).alias(f))
@@ -162,35 +230,65 @@ def choose_fields(args: argparse.Namespace, out: TextIO = sys.stdout) -> list[st
     return fields
 
 
+def open_state(args: argparse.Namespace, fields: Sequence[str], out: TextIO = sys.stdout) -> tuple[StateTopic, RunningStats]:
+    """The job's state topic and its restored aggregates (empty on a first run or with --reset-state)."""
+    state = StateTopic(args.endpoint, state_topic_name(args))
+    if args.reset_state:
+        state.reset()
+        if args.checkpoint:  # its offsets would skip what the empty state never counted
+            shutil.rmtree(args.checkpoint, ignore_errors=True)
+    snap = state.load()
+    running = RunningStats.restored(snap, args.window, args.watermark, fields)
+    if snap.seq and running.fields != list(fields):
+        if args.fields:
+            raise ValueError(f"--fields {','.join(fields)} differs from the state's {','.join(running.fields)}: "
+                             "use --reset-state to start again, or another --state-topic")
+        print(f"[stats] numeric JSON fields of the state: {', '.join(running.fields) or '(none)'}", file=out, flush=True)
+    what = f"restored {len(running.entries)} open windows (commit {snap.seq})" if snap.seq else "new"
+    print(f"[stats] state topic {state.topic!r}: {what}", file=out, flush=True)
+    return state, running
+
+
 def start(spark: Any, args: argparse.Namespace, fields: Sequence[str], out: TextIO = sys.stdout) -> Any:
     """Start the statistics query on ``spark`` (the caller follows or awaits it)."""
     import tempfile
 
     from pyspark.sql import functions as F
 
-    src = common.read_stream(spark, args).where(F.col("topic") != args.output_topic)  # never our own output
-    agg = presentable(aggregate(src, fields, args.window, args.watermark), fields)
+    state, running = open_state(args, fields, out)
+    fields = running.fields
+    source_args = argparse.Namespace(**vars(args))
+    if running.offsets:  # continue where the state's counts end (a checkpoint, when present, agrees)
+        source_args.starting_offsets = offsets_json(running.offsets)
+    src = common.read_stream(spark, source_args).where(~F.col("topic").isin(args.output_topic, state.topic))
+    check_gaps = args.fail_on_data_loss == "true"
 
     def each_batch(batch_df: Any, batch_id: int) -> None:
-        # The updated windows are few (windows x topics x protocols): collect them once, print them,
-        # and publish them through the unimq sink from a local DataFrame (no second pass over the batch).
-        rows = batch_df.orderBy("window_start", "topic", "protocol").collect()
+        # Spark aggregates the batch without state; the few partial rows are merged here, the
+        # updated windows printed and published, and only then the state committed (a crash
+        # before that replays the batch: at-least-once output, exactly-once state).
+        rows = [r.asDict() for r in partials(batch_df, fields, args.window, running.offsets).collect()]
         if not rows:
             return
-        print(f"[stats] windows updated by batch {batch_id}: {len(rows)}", file=out, flush=True)
-        if args.show:
-            print(format_table(rows[: args.show], [c for c in batch_df.columns if c != "fields"]), file=out,
-                  flush=True)
-        if not args.no_publish:
-            local = spark.createDataFrame(rows, batch_df.schema)
-            (to_messages(local, args.output_topic).write.format("unimq")
-             .option("endpoint", args.endpoint).mode("append").save())
+        updated, closed = running.apply(rows, check_gaps)
+        if updated:
+            shown = (presentable(entries_frame(spark, list(updated.values()), fields), fields)
+                     .orderBy("window_start", "topic", "protocol"))
+            out_rows = shown.collect()
+            print(f"[stats] windows updated by batch {batch_id}: {len(out_rows)}", file=out, flush=True)
+            if args.show:
+                print(format_table(out_rows[: args.show], [c for c in shown.columns if c != "fields"]), file=out,
+                      flush=True)
+            if not args.no_publish:
+                local = spark.createDataFrame(out_rows, shown.schema)
+                (to_messages(local, args.output_topic).write.format("unimq")
+                 .option("endpoint", args.endpoint).mode("append").save())
+        if closed:
+            print(f"[stats] windows closed by the watermark in batch {batch_id}: {len(closed)}", file=out, flush=True)
+        state.commit({**updated, **{k: None for k in closed}}, running.progress())
 
-    # Update mode emits each changed window per batch; the extra no-data batch Spark runs to
-    # advance the watermark would only evict state, so skip it (an availableNow run ends sooner).
-    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="unimq-stats-ckpt-")  # main() removes its own
-    w = (agg.writeStream.outputMode("update").foreachBatch(each_batch)
+    w = (src.writeStream.outputMode("append").foreachBatch(each_batch)
          .option("checkpointLocation", checkpoint).queryName("unimq_stats"))
     q = common.apply_trigger(w, args).start()
     what = args.topics or f"/{args.topic_pattern}/"
@@ -203,7 +301,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from ..progress import follow
 
-    import shutil
     import tempfile
 
     fields = choose_fields(args)
