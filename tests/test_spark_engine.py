@@ -161,6 +161,76 @@ def test_stats_job_publishes_back_through_the_sink(spark, server, http, tmp_path
     assert all(r.keys[0].startswith(f"se-stats|{r.p}|") for r in msgs)
 
 
+def _feed_state_topic(http, lo: int, hi: int) -> None:
+    """Messages ``lo..hi-1`` of topic se-state: nine in ten as CloudEvents, one in ten over HTTP."""
+    http.send_events("se-state", ({"temp": float(i % 37) / 4, "qty": i % 5} for i in range(lo, hi) if i % 10),
+                     start_id=lo)
+    for i in range(lo, hi, 10):
+        http.send("se-state", json.dumps({"temp": i % 41, "other": "x" * (i % 7)}).encode())
+
+
+def test_stats_job_continues_from_its_state_topic_without_the_checkpoint(spark, server, http, tmp_path):
+    """Run the stats job over part of a stream, stop it, wipe its checkpoint, feed more, restart
+    it: its aggregates equal one uninterrupted computation over the whole stream."""
+    import shutil
+
+    from pyspark.sql import functions as F
+
+    from spark_ingest.jobs import stats
+    from spark_ingest.progress import follow
+    from spark_ingest.state_topic import StateTopic
+
+    http.create_topic("se-state", 3)
+    _feed_state_topic(http, 0, 1500)
+    ck = tmp_path / "ck"
+    argv = ["--endpoint", server.endpoint, "--topics", "se-state", "--available-now", "--window", "1 hour",
+            "--fields", "temp,qty", "--output-topic", "se-state-out", "--checkpoint", str(ck),
+            "--max-messages-per-trigger", "600", "--show", "0"]
+    args = stats.build_parser().parse_args(argv)
+    out = io.StringIO()
+    follow(stats.start(spark, args, ["temp", "qty"], out=out), "stats", out=out, poll_s=0.5)
+    first = out.getvalue()
+    assert ": new" in first and "[stats] batch 2: 300 rows" in first and "[stats] batch 3" not in first, first
+
+    shutil.rmtree(ck)  # the local checkpoint is gone: only the state topic remembers
+    _feed_state_topic(http, 1500, 3000)
+    out2 = io.StringIO()
+    follow(stats.start(spark, stats.build_parser().parse_args(argv), ["temp", "qty"], out=out2), "stats",
+           out=out2, poll_s=0.5)
+    second = out2.getvalue()
+    assert "open windows (commit 3)" in second and "[stats] batch 0: 600 rows" in second, second
+    assert "[stats] batch 2: 300 rows" in second and "[stats] batch 3" not in second, second  # only the new 1500
+
+    whole = spark.read.format("unimq").option("endpoint", server.endpoint).option("topics", "se-state").load()
+    ref = {(r.topic, r.protocol, r.start): r for r in stats.aggregate(whole, ["temp", "qty"], "1 hour", "10 minutes")
+           .withColumn("start", F.unix_micros("window.start")).collect()}
+    assert sum(r["count"] for r in ref.values()) == 3000 and {k[1] for k in ref} == {"cloudevents", "http"}
+    state = StateTopic(server.endpoint, stats.state_topic_name(args))
+    entries = state.load().entries
+    state.close()
+    assert len(entries) == len(ref)
+    for e in entries.values():
+        r = ref[(e["topic"], e["protocol"], e["start_us"])]
+        assert (e["count"], e["bytes"]) == (r["count"], r["bytes"])
+        for f in ("temp", "qty"):
+            got = e["fields"].get(f)
+            if r[f"{f}__avg"] is None:
+                assert got is None
+                continue
+            mn, total, n, mx = got
+            assert (mn, mx) == (r[f"{f}__min"], r[f"{f}__max"]) and total / n == pytest.approx(r[f"{f}__avg"])
+    # The published statistics: the last one of each key is the uninterrupted computation's.
+    pub = (spark.read.format("unimq").option("endpoint", server.endpoint).option("topics", "se-state-out").load()
+           .selectExpr("keys[0] AS k", "cast(body AS string) AS b").collect())
+    final: dict[str, dict] = {}
+    for p in pub:
+        doc = json.loads(p.b)
+        if p.k not in final or doc["count"] > final[p.k]["count"]:
+            final[p.k] = doc
+    assert sorted(d["count"] for d in final.values()) == sorted(r["count"] for r in ref.values())
+    assert sum(d["bytes"] for d in final.values()) == sum(r["bytes"] for r in ref.values())
+
+
 def test_write_stream_sink_republishes(spark, server, http, tmp_path):
     """writeStream.format("unimq"): rows of one topic published to another (at-least-once)."""
     http.create_topic("se-sink-in", 2)
