@@ -138,9 +138,9 @@ def partials(df: Any, fields: Sequence[str], window: str, counted: dict[str, dic
              F.max(F.unix_micros("store_timestamp")).alias("max_ts_us")]
     for f in fields:
         v = F.get_json_object(body, f"$.{f}").cast("double")
-        c = col_name(f)
-        exprs += [F.min(v).alias(f"{c}__min"), F.sum(v).alias(f"{c}__sum"), F.count(v).alias(f"{c}__n"),
-                  F.max(v).alias(f"{c}__max")]
+        n = col_name(f)
+        exprs += [F.min(v).alias(f"{n}__min"), F.sum(v).alias(f"{n}__sum"), F.count(v).alias(f"{n}__n"),
+                  F.max(v).alias(f"{n}__max")]
     return (df.groupBy(F.window("store_timestamp", window).alias("w"), "topic", "protocol", "queue_id").agg(*exprs)
             .withColumn("start_us", F.unix_micros("w.start")).withColumn("end_us", F.unix_micros("w.end")).drop("w"))
 

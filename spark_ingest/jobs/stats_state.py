@@ -70,7 +70,7 @@ class RunningStats:
         if duration_us(job["window"]) != duration_us(window):
             raise ValueError(f"the state was computed with --window {job['window']!r}, not {window!r}: "
                              "use --reset-state to start again, or another --state-topic")
-        return cls(window, watermark, list(job["fields"]), {k: dict(v) for k, v in snap.entries.items()},
+        return cls(window, watermark, list(job["fields"]), {k: dict(v) for k, v in snap.entries.items() if isinstance(v, dict)},
                    {t: dict(qs) for t, qs in snap.progress.get("offsets", {}).items()}, snap.progress.get("max_event_us"))
 
     def progress(self) -> dict:
