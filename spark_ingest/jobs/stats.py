@@ -279,9 +279,8 @@ def start(spark: Any, args: argparse.Namespace, fields: Sequence[str], out: Text
             if args.show:
                 print(format_table(out_rows[: args.show], [c for c in shown.columns if c != "fields"]), file=out,
                       flush=True)
-            if not args.no_publish:
-                local = spark.createDataFrame(out_rows, shown.schema)
-                (to_messages(local, args.output_topic).write.format("unimq")
+            if not args.no_publish:  # shown is a local DataFrame already: no second pass over the batch
+                (to_messages(shown, args.output_topic).write.format("unimq")
                  .option("endpoint", args.endpoint).mode("append").save())
         if closed:
             print(f"[stats] windows closed by the watermark in batch {batch_id}: {len(closed)}", file=out, flush=True)
