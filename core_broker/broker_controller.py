@@ -152,6 +152,11 @@ class BrokerController(MessageQueries):
             if op == "kv":
                 self._apply_kv(data)
                 continue
+            if op == "kvs":  # kv_put_many: several writes of one namespace in one record
+                n = data["n"]
+                for k, v, ver in data["e"]:
+                    self._apply_kv_raw(n, k, None if v is None else base64.b64decode(v), ver)
+                continue
             if op == "topic":  # topic configs follow the journal (a promoted replica has them)
                 self.store.topics.put(TopicConfig(**data))
                 continue
@@ -322,19 +327,26 @@ class BrokerController(MessageQueries):
     # and read back the newest copy whichever brokers answer.
 
     def _apply_kv(self, d: dict, writer: str = "") -> bool:
-        ver = d.get("ver", 0)  # entries of older journals have none: they always applied
-        vers = self.kv_versions.setdefault(d["n"], {})
-        if "ver" in d and ver <= vers.get(d["k"], -1):
+        v = d["v"]
+        return self._apply_kv_raw(d["n"], d["k"], None if v is None else base64.b64decode(v), d.get("ver"), writer)
+
+    def _apply_kv_raw(self, namespace: str, key: str, value: bytes | None, ver: int | None, writer: str = "") -> bool:
+        """One door-state write in memory (``ver`` None: an entry of an older journal, which
+        always applies); False when the entry already holds a version at least as new."""
+        vers = self.kv_versions.setdefault(namespace, {})
+        if ver is None:
+            ver = 0
+        elif ver <= vers.get(key, -1):
             return False
-        vers[d["k"]] = ver
+        vers[key] = ver
         if ver > self._kv_last:
             self._kv_last = ver
-        ns = self.kv.setdefault(d["n"], {})
-        if d["v"] is None:
-            ns.pop(d["k"], None)
+        ns = self.kv.setdefault(namespace, {})
+        if value is None:
+            ns.pop(key, None)
         else:
-            ns[d["k"]] = base64.b64decode(d["v"])
-        self.door_feed.kv_changed(d["n"], d["k"], writer)
+            ns[key] = value
+        self.door_feed.kv_changed(namespace, key, writer)
         return True
 
     def next_kv_version(self) -> int:
@@ -367,15 +379,19 @@ class BrokerController(MessageQueries):
         for durability: the journal is one log, so the last entry durable means all are (a group
         commit of door state: a storm of MQTT CONNECTs writes its sessions this way). ``writer``:
         the gateway writing, which the door-state feed then does not send its own writes back."""
-        last = None
-        for key, value, version in items:
-            self._kv_last = max(self._kv_last, version)
-            if version <= self.kv_versions.get(namespace, {}).get(key, -1):
-                continue
-            d = {"n": namespace, "k": key, "v": None if value is None else base64.b64encode(value).decode(),
-                 "ver": version}
-            last = self.journal.append_kv(d)
-            self._apply_kv(d, writer)
+        vers = self.kv_versions.get(namespace, {})
+        fresh = []
+        for item in items:
+            version = item[2]
+            if version > self._kv_last:
+                self._kv_last = version
+            if version > vers.get(item[0], -1):
+                fresh.append(item)
+        # journaled first (one record per 64 KiB of entries, not one per entry), then applied
+        last = self.journal.append_kvs(
+            namespace, [(k, None if v is None else base64.b64encode(v).decode(), ver) for k, v, ver in fresh])
+        for key, value, version in fresh:
+            self._apply_kv_raw(namespace, key, value, version, writer)
         if last is not None:
             await self.store.wait_durable(last)
 

@@ -22,6 +22,7 @@ from .system_topics import JOURNAL_TOPIC, P_JOURNAL_DATA, P_JOURNAL_OP
 ColdGet = Callable[[str, int, int, int], "GetResult | None"]  # (topic, queue, offset, max) -> a get or None
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
+KVS_RECORD_BYTES = 64 * 1024  # text per ``kvs`` record (at most half the store's max message size)
 _jstr_cache: dict[str, str] = {}
 
 
@@ -63,6 +64,31 @@ class Journal:
         vj = "null" if v is None else f'"{v}"'
         text = f'kv {{"n":{_jstr(data["n"])},"k":{_dumps(data["k"])},"v":{vj},"ver":{int(data["ver"])}}}'
         return self.store.put_nowait(Message(JOURNAL_TOPIC, text.encode()))
+
+    def append_kvs(self, namespace: str, entries: list[tuple[str, str | None, int]]) -> PutResult | None:
+        """Several door-state writes of one namespace (key, base64 value or None, version) as
+        ``kvs {"n", "e": [[k, v, ver], ...]}`` records of at most :data:`KVS_RECORD_BYTES` each
+        (or half the store's largest message, if smaller; one oversized entry goes alone):
+        a storm of MQTT CONNECTs writes hundreds of session records per call, and one record per
+        entry made the store's append (header, CRC, index) the broker's largest cost per
+        CONNECT. A record is all or nothing in a crash; the caller answers only once the last is
+        durable, so no write is acknowledged and then lost. Returns the last record's result
+        (None for no entries)."""
+        head = f'kvs {{"n":{_jstr(namespace)},"e":['
+        limit = min(KVS_RECORD_BYTES, self.store.config.max_message_size // 2)
+        parts: list[str] = []
+        size = 0
+        last = None
+        for k, v, ver in entries:
+            part = f'[{_dumps(k)},{"null" if v is None else f"{chr(34)}{v}{chr(34)}"},{int(ver)}]'
+            if parts and size + len(part) > limit:
+                last = self.store.put_nowait(Message(JOURNAL_TOPIC, f'{head}{",".join(parts)}]}}'.encode()))
+                parts, size = [], 0
+            parts.append(part)
+            size += len(part) + 1
+        if parts:
+            last = self.store.put_nowait(Message(JOURNAL_TOPIC, f'{head}{",".join(parts)}]}}'.encode()))
+        return last
 
     def link(
         self,

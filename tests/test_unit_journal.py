@@ -123,3 +123,46 @@ def test_the_journal_survives_a_restart(stores) -> None:  # noqa: F811
         ("ack", {"g": "g", "t": "t", "q": 0, "o": 4}),
         ("moved", {"n": 2}),
     ]
+
+
+def test_door_state_writes_of_one_call_share_records_and_replay_as_written(stores) -> None:  # noqa: F811
+    from core_broker.journal import KVS_RECORD_BYTES
+
+    s = stores.open()
+    j = Journal(s)
+    assert j.append_kvs("mqtt.sessions", []) is None  # nothing to write: no record
+    value = "eyJ4IjoxfQ==" * 20  # a base64 session record of 240 characters
+    entries = [(f'dev-{i}"\\', value if i % 7 else None, (i + 1) << 20) for i in range(1000)]
+    last = j.append_kvs("mqtt.sessions", entries)
+    records = read_all(s, JOURNAL_TOPIC, 0)
+    # a thousand writes in a few records, each within the bound, the last one's result returned
+    limit = min(KVS_RECORD_BYTES, s.config.max_message_size // 2)
+    assert 1 < len(records) <= 1000 * 270 // limit + 2
+    assert all(len(bytes(m.body)) <= limit + 100 for m in records)
+    assert last is not None and last.queue_offset == len(records) - 1
+    replayed = [(k, v, ver) for op, d in j.replay(0) for k, v, ver in d["e"] if op == "kvs" and d["n"] == "mqtt.sessions"]
+    assert replayed == entries
+
+
+async def test_batched_door_state_replays_from_the_journal_without_a_snapshot(tmp_path) -> None:
+    """kv_put_many's records are what a restart reads when the snapshot does not cover them."""
+    from core_broker.broker_controller import BrokerController
+    from core_broker.config import BrokerConfig
+    from store_helpers import make_config
+
+    bc = BrokerController(make_config(tmp_path / "data"), BrokerConfig())
+    await bc.start()
+    v = bc.next_kv_version()
+    await bc.kv_put_many("mqtt.sessions", [(f"c{i}", f"rec{i}".encode() * 50, v + i) for i in range(2000)], "gw")
+    await bc.kv_put_many("mqtt.sessions", [("c1", None, v + 5000), ("c2", b"stale", v)], "gw")  # delete; too old
+    await bc.stop()
+    bc._state_path.unlink()  # as if the broker died before any snapshot: the journal from its start
+    bc = BrokerController(make_config(tmp_path / "data"), BrokerConfig())
+    await bc.start()
+    try:
+        want = {f"c{i}": f"rec{i}".encode() * 50 for i in range(2000) if i != 1}
+        assert bc.kv_items("mqtt.sessions") == want
+        assert bc.kv_get_versioned("mqtt.sessions", "c1") == (v + 5000, None)
+        assert bc.kv_get_versioned("mqtt.sessions", "c2")[0] == v + 2
+    finally:
+        await bc.stop()
