@@ -53,23 +53,26 @@ class KvBatcher:
         self.ctx = ctx
         self.namespace = namespace
         self.writer = ""  # the door's id in the door-state feed (it is not sent its own writes back)
-        self._writes: dict[str, tuple[Render, asyncio.Future[None]]] = {}  # queued, in order asked
-        self._sending: dict[str, asyncio.Future[None]] = {}  # the batch on its way
-        self._reads: dict[str, asyncio.Future[bytes | None]] = {}
+        # each caller has a future of its own (no shared future a caller's cancel would end for all)
+        self._writes: dict[str, tuple[Render, list[asyncio.Future[None]]]] = {}  # queued, in order asked
+        self._sending: dict[str, list[asyncio.Future[None]]] = {}  # the batch on its way
+        self._reads: dict[str, list[asyncio.Future[bytes | None]]] = {}
         self._writer: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self.batches = 0  # write calls made (tests and metrics: how well writes were grouped)
         self.keys_written = 0
 
     def write(self, key: str, render: Render) -> asyncio.Future[None]:
-        """Queue a write of ``key`` (its value from ``render()`` when sent); the future is done
-        when it is durable. Await it through ``asyncio.shield``: it may be shared."""
+        """Queue a write of ``key`` (its value from ``render()`` when sent); the future, the
+        caller's own (await it directly: a cancel ends only this caller's wait), is done when
+        the write is durable."""
+        f: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         w = self._writes.get(key)
         if w is not None:
+            w[1].append(f)
             self._writes[key] = (render, w[1])  # written once, in its newest form
-            return w[1]
-        f: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._writes[key] = (render, f)
+            return f
+        self._writes[key] = (render, [f])
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write_loop())
         return f
@@ -79,16 +82,21 @@ class KvBatcher:
         w = self._writes.get(key)
         pending = w[1] if w is not None else self._sending.get(key)
         if pending is not None:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            pending.append(done)
             try:
-                await asyncio.shield(pending)
+                await done
             except Exception:  # failed: the brokers hold what they hold
                 pass
-        f = self._reads.get(key)
-        if f is None:
-            f = self._reads[key] = asyncio.get_running_loop().create_future()
+        f: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        waiting = self._reads.get(key)
+        if waiting is None:
+            self._reads[key] = [f]
             if self._reader is None:
                 self._reader = asyncio.get_running_loop().create_task(self._read_loop())
-        return await asyncio.shield(f)
+        else:
+            waiting.append(f)
+        return await f
 
     async def _write_loop(self) -> None:
         try:
@@ -96,19 +104,17 @@ class KvBatcher:
                 keys = list(self._writes)[:MAX_BATCH]
                 items: dict[str, bytes | None] = {}
                 for key in keys:
-                    render, f = self._writes.pop(key)
+                    render, fs = self._writes.pop(key)
                     try:
                         value = render()
                     except Exception as e:  # that record only
-                        if not f.done():
-                            f.set_exception(e)
+                        _fail(fs, e)
                         continue
                     if value is SKIP:
-                        if not f.done():
-                            f.set_result(None)
+                        _done(fs, None)
                         continue
                     items[key] = value
-                    self._sending[key] = f
+                    self._sending[key] = fs
                 if not items:
                     continue
                 self.batches += 1
@@ -116,13 +122,11 @@ class KvBatcher:
                 try:
                     await self.processor.kv_put_many(self.ctx, self.namespace, items, self.writer)
                 except Exception as e:
-                    for f in self._sending.values():
-                        if not f.done():
-                            f.set_exception(e)
+                    for fs in self._sending.values():
+                        _fail(fs, e)
                 else:
-                    for f in self._sending.values():
-                        if not f.done():
-                            f.set_result(None)
+                    for fs in self._sending.values():
+                        _done(fs, None)
                 finally:
                     self._sending.clear()
         finally:
@@ -132,16 +136,26 @@ class KvBatcher:
         try:
             while self._reads:
                 keys = list(self._reads)[:MAX_BATCH]
-                futures = [self._reads.pop(k) for k in keys]
+                waiting = [self._reads.pop(k) for k in keys]
                 try:
                     values = await self.processor.kv_get_many(self.ctx, self.namespace, keys)
                 except Exception as e:
-                    for f in futures:
-                        if not f.done():
-                            f.set_exception(e)
+                    for fs in waiting:
+                        _fail(fs, e)
                     continue
-                for k, f in zip(keys, futures):
-                    if not f.done():
-                        f.set_result(values.get(k))
+                for k, fs in zip(keys, waiting):
+                    _done(fs, values.get(k))
         finally:
             self._reader = None
+
+
+def _done(fs: list[asyncio.Future[Any]], value: Any) -> None:
+    for f in fs:
+        if not f.done():
+            f.set_result(value)
+
+
+def _fail(fs: list[asyncio.Future[Any]], e: BaseException) -> None:
+    for f in fs:
+        if not f.done():
+            f.set_exception(e)

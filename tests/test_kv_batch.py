@@ -38,10 +38,9 @@ async def test_the_newest_render_wins_and_skip_writes_nothing(processor: Any) ->
     await processor.kv_put(CTX, NS, "kept", b"before")
     first = b.write("a", lambda: b"old")
     second = b.write("a", lambda: b"new")
-    assert first is second  # one write, both callers answered by it
     skipped = b.write("kept", lambda: SKIP)
     deleted = b.write("gone", lambda: None)
-    await asyncio.gather(asyncio.shield(first), asyncio.shield(skipped), asyncio.shield(deleted))
+    await asyncio.gather(first, second, skipped, deleted)  # one write of "a" answers both its callers
     assert await processor.kv_get(CTX, NS, "a") == b"new"
     assert await processor.kv_get(CTX, NS, "kept") == b"before"
     assert await processor.kv_get(CTX, NS, "gone") is None
@@ -88,3 +87,16 @@ async def test_batched_writes_survive_a_restart(tmp_path: Any) -> None:
         assert items == {f"d{i}": bytes([i % 256]) * 3 for i in range(500)}
     finally:
         await p.stop()
+
+
+async def test_a_cancelled_caller_stops_only_its_own_wait(processor: Any) -> None:  # noqa: F811
+    b = KvBatcher(processor, CTX, NS)
+    gone = asyncio.ensure_future(b.write("shared", lambda: b"v1"))
+    kept = b.write("shared", lambda: b"v2")  # the same write, asked again before it left
+    reader_gone = asyncio.ensure_future(b.read("shared"))
+    reader_kept = asyncio.ensure_future(b.read("shared"))
+    gone.cancel()
+    reader_gone.cancel()
+    await asyncio.wait_for(kept, 10)  # not cancelled with the other caller's wait
+    assert await asyncio.wait_for(reader_kept, 10) == b"v2"
+    assert reader_gone.cancelled() and b.keys_written == 1

@@ -66,7 +66,7 @@ class SessionStore:
         """Write ``s``'s record (a persistent session still current only); returns once it is
         durable, holding the session's state as of some moment after the call."""
         if self._current(s):
-            await asyncio.shield(self._write(s))
+            await self._write(s)
 
     def save_soon(self, s: Session) -> None:
         """:meth:`save` for a caller that does not wait (a failure is logged)."""
@@ -78,7 +78,7 @@ class SessionStore:
         return self.batch.write(s.client_id, lambda: s.to_json() if self._current(s) else SKIP)
 
     async def delete(self, client_id: str) -> None:
-        await asyncio.shield(self.batch.write(client_id, _deleted))
+        await self.batch.write(client_id, _deleted)
 
     async def read(self, client_id: str) -> bytes | None:
         """``client_id``'s record as the brokers hold it (after this gateway's own writes of it)."""
