@@ -72,10 +72,12 @@ class StoreConfig:
     tier_retry_max_s: float = 60.0  # longest back-off between two failed upload attempts
     tier_expiry_interval_s: float = 600.0  # how often tier retention runs (when no upload waits)
     # Cold reads (offsets no longer on local disk) run on this many threads of their own, read
-    # the tier in blocks of tier_read_block_bytes and keep at most tier_read_cache_bytes of them.
+    # the tier in blocks of tier_read_block_bytes and keep at most tier_read_cache_bytes of them;
+    # a sequential reader has tier_read_ahead_bytes past its position fetched in the background.
     tier_read_threads: int = 2
     tier_read_block_bytes: int = 4 << 20
     tier_read_cache_bytes: int = 64 << 20
+    tier_read_ahead_bytes: int = 16 << 20
     # Compacted topics (core_broker/compaction.py): how often the cleaner looks for a queue whose
     # dirty share passed the ratio, the topics' defaults for the ratio and for how long a delete
     # marker is kept, the most keys one pass maps (memory: ~100 bytes each), and a cap on the bytes
@@ -98,7 +100,8 @@ class StoreConfig:
             self.max_message_size = self.commitlog_segment_size // 2
         if self.tier_enabled and not self.tier_bucket:
             raise ValueError("tier_enabled needs tier_bucket (an existing bucket of the object store)")
-        if self.tier_read_threads < 1 or self.tier_read_block_bytes < 4096 or self.tier_read_cache_bytes < 0:
+        if (self.tier_read_threads < 1 or self.tier_read_block_bytes < 4096 or self.tier_read_cache_bytes < 0
+                or self.tier_read_ahead_bytes < 0):
             raise ValueError("tier_read_threads must be at least 1 and tier_read_block_bytes at least 4096")
         if self.tier_retention_hours < 0 or 0 < self.tier_retention_hours < self.retention_hours:
             raise ValueError(

@@ -21,7 +21,7 @@ from ..errors import ConfigurationError
 
 
 _COPY_OBJECT_MAX = 5 << 30  # the largest object one CopyObject may copy
-_ONE_PUT_MAX = 64 << 20  # larger objects go up in parts (boto3's managed transfer)
+_ONE_PUT_MAX = 64 << 20  # larger objects go up in parts (boto3's managed transfer), smaller ones from memory
 
 
 class ObjectStore:
@@ -35,6 +35,7 @@ class ObjectStore:
         region: str = "",
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 30.0,
+        max_connections: int = 10,
     ) -> None:
         try:
             import boto3
@@ -53,6 +54,9 @@ class ObjectStore:
             connect_timeout=connect_timeout_s,
             read_timeout=read_timeout_s,
             retries={"max_attempts": 2, "mode": "standard"},  # the uploader backs off itself
+            # one kept-alive connection per thread that calls at once (uploader, read workers,
+            # read-ahead): fewer and a busy reader would open and drop a connection per GET
+            max_pool_connections=max_connections,
         )
         self.client = boto3.client(
             "s3", endpoint_url=endpoint or None, region_name=region or None, config=config
@@ -77,8 +81,12 @@ class ObjectStore:
         (rclone's ``serve s3``) answer without the part's ETag, failing every large copy.
         """
         tmp = self.key(f"{tmp_dir}/{name.replace('/', '_')}.{uuid.uuid4().hex}")
-        if size <= _ONE_PUT_MAX:  # one PUT streamed from the file: no transfer manager threads
-            self.client.put_object(Bucket=self.bucket, Key=tmp, Body=fileobj, ContentLength=size)
+        if size <= _ONE_PUT_MAX:  # one PUT of the bytes read at once: no transfer manager threads
+            # Not streamed from the file: the HTTP client sends a file in 16 KiB writes, and after
+            # each one this thread waits for the GIL, up to the 5 ms switch interval while a put
+            # or a read holds it; one write of the whole object waits once.
+            body = fileobj.read(size)
+            self.client.put_object(Bucket=self.bucket, Key=tmp, Body=body, ContentLength=len(body))
         else:  # parts, in parallel, each retried on its own
             self.client.upload_fileobj(fileobj, self.bucket, tmp)
         try:

@@ -35,8 +35,20 @@ if TYPE_CHECKING:
 Range = tuple[int, int, int, layout.Manifest]  # first offset, end offset, entries' position, manifest
 MAX_SCAN = 4096  # entries one filtered get may skip before answering (as the store's get)
 MAX_SPAN = 8 << 20  # the most segment bytes one get reads
-READ_AHEAD = 4  # blocks fetched in the background past what a get read, at most ...
-READ_AHEAD_BYTES = 8 << 20  # ... and at most this many bytes (at least one block): large blocks go fewer ahead
+READ_AHEAD_MAX = 8  # blocks fetched in the background past what a get read, at most
+
+
+def read_ahead_blocks(block_size: int, ahead_bytes: int, cache_bytes: int) -> int:
+    """How many blocks a sequential reader has fetched in the background past what it read:
+    ``tier_read_ahead_bytes`` worth (at least one block), at most :data:`READ_AHEAD_MAX` and at
+    most half the cache's blocks, so what was fetched ahead is not evicted before it is read.
+
+    Why several: a GET's thread waits for the GIL after each of its socket calls, up to the
+    5 ms switch interval while the reader decodes, so one GET takes tens of milliseconds
+    beside a busy reader whatever the object store's speed; GETs in flight together share
+    those waits. The service runs the read-ahead on as many threads as this.
+    """
+    return max(1, min(READ_AHEAD_MAX, ahead_bytes // block_size, cache_bytes // block_size // 2))
 
 
 class ColdOrigin(Exception):
@@ -63,13 +75,14 @@ class TierReader:
         cache_bytes: int,
         block_size: int,
         prefetcher: Executor,
+        ahead_blocks: int = 1,
     ) -> None:
         self.store = store
         self.objects = objects
         self.uploader = uploader
         self.cache = BlockCache(cache_bytes)
         self.block_size = block_size
-        self.ahead = max(1, min(READ_AHEAD, READ_AHEAD_BYTES // block_size))  # blocks read ahead
+        self.ahead = ahead_blocks  # blocks read ahead (``read_ahead_blocks``)
         self.prefetcher = prefetcher  # runs read-ahead GETs
         self.gets = 0  # ranged GETs made (tests, and a metric of cold-read traffic)
         # (uploader version, ranges by queue, segment bases, manifests): replaced whole, so the
@@ -103,9 +116,15 @@ class TierReader:
 
     # ------------------------------------------------------------------ bytes
 
-    def _read(self, kind: str, m: layout.Manifest, start: int, end: int, ahead: int = 0) -> bytes:
-        """Bytes ``[start, end)`` of a segment's ``kind`` object ("segment", "index" or "keys"); then
-        fetch the ``ahead`` blocks after them in the background (a sequential reader's next)."""
+    def _read(self, kind: str, m: layout.Manifest, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a segment's ``kind`` object ("segment", "index" or "keys")."""
+        buf, at = self._span(kind, m, start, end)
+        return buf if at == 0 and len(buf) <= end - start else buf[at : at + end - start]
+
+    def _span(self, kind: str, m: layout.Manifest, start: int, end: int, ahead: int = 0) -> tuple[bytes, int]:
+        """Bytes ``[start, end)`` of a segment's ``kind`` object as (a buffer, where they start in
+        it): the cached block itself when they lie in one, so records decode from it with no copy;
+        then fetch the ``ahead`` blocks after them in the background (a sequential reader's next)."""
         sid = self.store.store_id
         name, limit = {
             "segment": (layout.segment_key(sid, m.base), m.size),
@@ -114,17 +133,19 @@ class TierReader:
         }[kind]
         end = min(end, limit)
         if end <= start:
-            return b""
+            return b"", 0
         bs = self.block_size
         fetch = self._fetcher(name, limit)
-        last = (end - 1) // bs
+        first, last = start // bs, (end - 1) // bs
         for b in range(last + 1, min(last + 1 + ahead, (limit - 1) // bs + 1)):
             self.cache.prefetch((m.base, kind, b), fetch(b), self.prefetcher)
+        if first == last:
+            return self.cache.get((m.base, kind, first), fetch(first)), start - first * bs
         parts = []
-        for b in range(start // bs, last + 1):
+        for b in range(first, last + 1):
             block = self.cache.get((m.base, kind, b), fetch(b))
             parts.append(block[max(start - b * bs, 0) : end - b * bs])
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return b"".join(parts), 0
 
     def _fetcher(self, name: str, limit: int) -> Callable[[int], Callable[[], bytes]]:
         """Block number -> the ranged GET of that block of object ``name`` (``limit`` bytes long)."""
@@ -139,28 +160,37 @@ class TierReader:
 
         return fetch
 
-    def _ahead_into(self, nxt: Range) -> None:
+    def _ahead_into(self, after: list[Range], budget: int) -> None:
         """A sequential reader nears the end of a queue's segment: fetch, in the background, where
-        its next tier segment starts (the index block with the queue's first entry there, then the
-        blocks from that entry's record on), so it does not wait for two GETs at every segment."""
-        _first, _end, pos, m = nxt
+        it continues in the next tier segments (in each, the index block with the queue's first
+        entry there, then the blocks from that entry's record on), ``budget`` blocks of records in
+        all but at least the next segment's first, so that it waits for no GET at a segment
+        boundary, and segments of a block or two keep as many blocks in flight as large ones."""
         bs = self.block_size
-        if self.cache.has((m.base, "index", pos // bs)):
-            return  # asked already
-        seg = layout.segment_key(self.store.store_id, m.base)
+        for _first, _end, pos, m in after:
+            n = min(max(budget, 1), (m.size - 1) // bs + 1)
+            budget -= n
+            key = (m.base, "index", pos // bs)
+            if not self.cache.has(key):  # not asked yet
+                # the index block is asked before ``_segment_ahead`` is queued, so that (waiting for
+                # it) waits for a job a worker took already, never for one queued behind it
+                fetch = self._fetcher(layout.index_key(self.store.store_id, m.base), m.index_length)
+                self.cache.prefetch(key, fetch(pos // bs), self.prefetcher)
+                try:
+                    self.prefetcher.submit(self._segment_ahead, m, pos, n)
+                except RuntimeError:  # shut down: no read-ahead any more
+                    return
+            if budget <= 0:
+                break
 
-        def run() -> None:
-            # index blocks are never read ahead, so this waits for no queued job (no deadlock)
-            phys = ENTRY.unpack(self._read("index", m, pos, pos + ENTRY.size))[0]
-            fetch = self._fetcher(seg, m.size)
-            b = (phys - m.base) // bs
-            for k in range(b, min(b + self.ahead, (m.size - 1) // bs + 1)):
-                self.cache.prefetch((m.base, "segment", k), fetch(k), self.prefetcher)
-
-        try:
-            self.prefetcher.submit(run)
-        except RuntimeError:  # shut down: no read-ahead any more
-            pass
+    def _segment_ahead(self, m: layout.Manifest, pos: int, n: int) -> None:
+        """Read ahead ``n`` blocks of segment ``m`` from the record of the index entry at ``pos``."""
+        phys = ENTRY.unpack(self._read("index", m, pos, pos + ENTRY.size))[0]
+        bs = self.block_size
+        fetch = self._fetcher(layout.segment_key(self.store.store_id, m.base), m.size)
+        b = (phys - m.base) // bs
+        for k in range(b, min(b + n, (m.size - 1) // bs + 1)):
+            self.cache.prefetch((m.base, "segment", k), fetch(k), self.prefetcher)
 
     def _manifest_at(self, phys: int) -> layout.Manifest | None:
         _, _, bases, ms = self._current()
@@ -380,24 +410,27 @@ class TierReader:
             n = min(end - next_off, budget)
             at = pos + (next_off - first) * ENTRY.size
             raw = self._read("index", m, at, at + n * ENTRY.size)
-            entries = [(next_off + i, *e) for i, e in enumerate(ENTRY.iter_unpack(raw))]
+            entries = list(ENTRY.iter_unpack(raw))  # (phys, size, tag hash)
             if not entries:
                 break
             # the records of these entries lie in this segment, in order: one read for all of them,
             # at most MAX_SPAN bytes (a sparse queue's entries may be far apart)
-            span_start = entries[0][1]
-            limit = span_start + max(MAX_SPAN, entries[0][2])
-            entries = entries[: max(1, bisect.bisect_right([p + z for _, p, z, _ in entries], limit))]
-            span_end = entries[-1][1] + entries[-1][2] - m.base
-            span = self._read("segment", m, span_start - m.base, span_end, self.ahead)
-            if i + 1 < len(ranges) and (span_end - 1) // self.block_size + self.ahead >= (m.size - 1) // self.block_size:
-                self._ahead_into(ranges[i + 1])
-            for qo, phys, _size, th in entries:
+            span_start = entries[0][0]
+            limit = span_start + max(MAX_SPAN, entries[0][1])
+            if entries[-1][0] + entries[-1][1] > limit:
+                entries = entries[: max(1, bisect.bisect_right([p + z for p, z, _ in entries], limit))]
+            span_end = entries[-1][0] + entries[-1][1] - m.base
+            span, delta = self._span("segment", m, span_start - m.base, span_end, self.ahead)
+            delta -= span_start  # a record's position in ``span``: its commitlog offset + delta
+            left = (m.size - 1) // self.block_size - (span_end - 1) // self.block_size  # blocks after the span
+            if i + 1 < len(ranges) and left <= self.ahead:
+                self._ahead_into(ranges[i + 1 : i + 1 + self.ahead], self.ahead - left)
+            for qo, (phys, _size, th) in enumerate(entries, next_off):
                 next_off = qo + 1
                 budget -= 1
                 if hashes is not None and th not in hashes:
                     continue
-                msg = self._decode(span, phys - span_start, phys)
+                msg = self._decode(span, phys + delta, phys)
                 if not want_all and not msg_filter.matches(msg.tag, msg.properties):  # type: ignore[union-attr]
                     continue
                 msg.topic, msg.queue_id, msg.queue_offset = topic, queue_id, qo

@@ -20,7 +20,7 @@ from ..mapped_file import MappedFile
 from ..model import GetResult, StoredMessage
 from . import expiry
 from .object_store import ObjectStore
-from .reader import ColdOrigin, TierReader
+from .reader import ColdOrigin, TierReader, read_ahead_blocks
 from .uploader import Uploader
 
 if TYPE_CHECKING:
@@ -34,17 +34,23 @@ class TierService:
     def __init__(self, store: "MessageStore", objects: ObjectStore | None = None) -> None:
         cfg = store.config
         self.store = store
-        self.objects = objects or ObjectStore(cfg.tier_bucket, cfg.tier_prefix, cfg.tier_endpoint, cfg.tier_region)
+        ahead = read_ahead_blocks(cfg.tier_read_block_bytes, cfg.tier_read_ahead_bytes, cfg.tier_read_cache_bytes)
+        self.objects = objects or ObjectStore(
+            cfg.tier_bucket, cfg.tier_prefix, cfg.tier_endpoint, cfg.tier_region,
+            max_connections=1 + cfg.tier_read_threads + 2 * ahead,  # the uploader, read workers, read-ahead
+        )
         self.retention_hours = cfg.tier_retention_hours
         self.expiry_interval_s = cfg.tier_expiry_interval_s
         self._last_expiry = 0.0
         self.uploader = Uploader(store, self.objects, cfg.tier_scan_interval_s, cfg.tier_retry_max_s, self._idle)
         # Cold reads wait on the network: never on the event loop, nor on the threads hot reads use;
-        # their read-ahead GETs run on threads of their own.
+        # their read-ahead GETs run on threads of their own: every block read ahead in flight at
+        # once, and as many index GETs of the next segments (where a queue continues in each).
         self._read_pool = ThreadPoolExecutor(cfg.tier_read_threads, thread_name_prefix="unimq-tier-read")
-        self._prefetch_pool = ThreadPoolExecutor(cfg.tier_read_threads, thread_name_prefix="unimq-tier-read-ahead")
+        self._prefetch_pool = ThreadPoolExecutor(2 * ahead, thread_name_prefix="unimq-tier-read-ahead")
         self.reader = TierReader(
-            store, self.objects, self.uploader, cfg.tier_read_cache_bytes, cfg.tier_read_block_bytes, self._prefetch_pool
+            store, self.objects, self.uploader, cfg.tier_read_cache_bytes, cfg.tier_read_block_bytes,
+            self._prefetch_pool, ahead,
         )
 
     def start(self) -> None:
