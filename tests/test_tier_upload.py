@@ -23,7 +23,8 @@ from core_broker.model import Message
 from core_broker.tier import layout
 
 from tier_helpers import (  # noqa: F401 (fixtures)
-    S3Server, aws_credentials, aws_env, close_tiered, fill, manifests, open_tiered, s3, tier_config, wait_for,
+    S3Server, aws_credentials, aws_env, close_tiered, fill, manifests, open_tiered, s3, tier_config,
+    via_temporary_key, wait_for,
 )
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("aws_credentials")]
@@ -102,11 +103,11 @@ from core_broker.message_store import MessageStore
 from core_broker.model import Message
 from core_broker.tier import TierService
 sys.path.insert(0, {tests!r})
-from tier_helpers import tier_config
+from tier_helpers import tier_config, via_temporary_key
 from pathlib import Path
 cfg = tier_config(Path({data!r}), type("S", (), {{"endpoint": {endpoint!r}}})(), {bucket!r})
 store = MessageStore(cfg); store.start()
-tier = TierService(store)
+tier = TierService(store, via_temporary_key(cfg))
 # the worst moment: the segment is whole under its temporary key, not yet copied into place
 tier.uploader.between_upload_and_commit = lambda: os.kill(os.getpid(), signal.SIGKILL)
 for i in range(150):
@@ -143,7 +144,8 @@ def test_an_upload_failing_before_its_copy_is_retried_and_leaves_no_partial_obje
     tmp_path: Path, s3: S3Server
 ) -> None:
     bucket = s3.new_bucket()
-    store, tier = open_tiered(tier_config(tmp_path / "d", s3, bucket))
+    cfg = tier_config(tmp_path / "d", s3, bucket)
+    store, tier = open_tiered(cfg, via_temporary_key(cfg))
     seen: list[list[str]] = []
 
     def fail_once() -> None:

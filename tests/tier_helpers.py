@@ -33,6 +33,7 @@ from core_broker.config import BrokerConfig, StoreConfig
 from core_broker.message_store import MessageStore
 from core_broker.model import Message
 from core_broker.tier import TierService, layout
+from core_broker.tier.object_store import ObjectStore
 
 from store_helpers import make_config
 
@@ -154,11 +155,17 @@ def tier_config(data_dir: Path, server: S3Server, bucket: str, **overrides) -> S
     return make_config(data_dir, **kw)
 
 
-def open_tiered(cfg: StoreConfig) -> tuple[MessageStore, TierService]:
+def via_temporary_key(cfg: StoreConfig) -> ObjectStore:
+    """The tier's object store as configured, except that every segment goes up by a temporary
+    key and a copy (small ones go straight to their key otherwise): what the crash tests cut."""
+    return ObjectStore(cfg.tier_bucket, cfg.tier_prefix, cfg.tier_endpoint, cfg.tier_region, direct_put_max=0)
+
+
+def open_tiered(cfg: StoreConfig, objects: ObjectStore | None = None) -> tuple[MessageStore, TierService]:
     """A started store with its tier attached and running (what the broker does at start)."""
     store = MessageStore(cfg)
     store.start()
-    store.tier = tier = TierService(store)
+    store.tier = tier = TierService(store, objects)
     tier.start()
     return store, tier
 

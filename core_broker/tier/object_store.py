@@ -36,6 +36,7 @@ class ObjectStore:
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 30.0,
         max_connections: int = 10,
+        direct_put_max: int = _ONE_PUT_MAX,
     ) -> None:
         try:
             import boto3
@@ -48,6 +49,7 @@ class ObjectStore:
         self.errors: tuple[type[BaseException], ...] = (BotoCoreError, ClientError, OSError)
         self.bucket = bucket
         self.prefix = prefix.strip("/")
+        self.direct_put_max = direct_put_max  # see put_complete (tests: 0, every object by a temporary key)
         config = Config(
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
@@ -73,8 +75,14 @@ class ObjectStore:
     def put_complete(
         self, name: str, fileobj: IO[bytes], size: int, tmp_dir: str, between: Callable[[], None] | None = None
     ) -> None:
-        """Upload ``size`` bytes of ``fileobj`` so that ``name`` appears only complete: temp key,
-        copy, delete temp. ``between`` (tests) is called after the temporary upload, before the copy.
+        """Upload ``size`` bytes of ``fileobj`` so that ``name`` appears only complete.
+
+        Up to ``direct_put_max`` bytes: one PUT of the bytes straight to ``name``, visible whole
+        or not at all. Larger: temp key, copy, delete temp (a multipart upload's parts would be
+        visible under ``name`` one by one); ``between`` (tests) is called after the temporary
+        upload, before the copy. Either way the caller's manifest, written after this returns,
+        is what makes the object count: an attempt a crash cut leaves an object no manifest
+        names, replaced by the next attempt.
 
         The copy is one CopyObject up to S3's 5 GiB limit for it: boto3's managed copy turns
         anything over 8 MiB into a multipart UploadPartCopy, which some S3 implementations
@@ -86,6 +94,9 @@ class ObjectStore:
             # each one this thread waits for the GIL, up to the 5 ms switch interval while a put
             # or a read holds it; one write of the whole object waits once.
             body = fileobj.read(size)
+            if size <= self.direct_put_max:  # no copy: half the requests, the server writes it once
+                self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=body, ContentLength=len(body))
+                return
             self.client.put_object(Bucket=self.bucket, Key=tmp, Body=body, ContentLength=len(body))
         else:  # parts, in parallel, each retried on its own
             self.client.upload_fileobj(fileobj, self.bucket, tmp)
