@@ -12,8 +12,9 @@ values, read by the caller), plus the notes other gateways left for it
 
 In memory only, by design: a broker's feed starts again with a new ``incarnation``
 after a restart (or a promotion), and a watcher that sees another incarnation than it
-knew is given everything (``full``). Notes are hints (read this queue now): a lost
-note delays a delivery until the session's next wake, never loses a stored message.
+knew is given everything (``full``). Notes are handed out once (read this queue now);
+a gateway whose watch call failed reads its connected sessions' lanes again, so a note
+lost with an answer is not a delivery lost (``adapters/mqtt/fleet.py``).
 Hand-written because it is thirty lines over the broker's own state.
 """
 

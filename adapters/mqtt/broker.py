@@ -481,9 +481,11 @@ class MQTTBroker:
                         continue
                     s = sub.session
                     if s.owner is not gid and s.owner is not None and s.owner != gid:
-                        if s.online:  # online at another gateway: tell it to read its lane
+                        # another gateway's: tell it to read its lane (online or not, as this
+                        # copy says: the copy may be older than the owner's own state)
+                        if fleet.alive(s.owner):
                             fleet.note(res.broker, s, sub.lmq)  # type: ignore[arg-type]
-                        continue  # otherwise it waits in the store for its owner
+                        continue  # a dead owner's session waits in the store for its next CONNECT
                     if offsets is not None:
                         delivery.offer(s, sub, out, offsets[j], res.broker)  # type: ignore[arg-type]
                     else:  # no offsets (a remote broker that does not report them): read the store
@@ -578,7 +580,7 @@ class MQTTBroker:
             offsets = res.extra_offsets
             for sub, t in lmq_subs:
                 if not self.fleet.owns(sub.session):
-                    if self.fleet.remote(sub.session):
+                    if self.fleet.alive(sub.session.owner):  # type: ignore[arg-type]
                         self.fleet.note(res.broker, sub.session, sub.lmq)  # type: ignore[arg-type]
                     continue
                 try:

@@ -333,6 +333,7 @@ class Delivery:
                 if room <= 0 or not conn.writable:
                     return  # an ack or resume_writing wakes us again
                 progressed = False
+                asked = False  # a lane was asked to read again while its pull was on the way
                 by_lmq = None if len(s.subs) < 8 else {x.lmq: x for x in s.subs.values()}  # (no scan per lane)
                 for lmq in list(s.pending):  # lanes (lmq, broker)
                     cur = s.cursors.get(lmq)
@@ -380,6 +381,10 @@ class Delivery:
                         if mem and mem[0][0] > cur.read:
                             want = min(want, mem[0][0] - cur.read)  # up to the in-memory part
                         start = cur.read
+                        # cleared before the pull, not after: a wake-up arriving while the pull is
+                        # on the way (a note from another gateway: fleet.py) sets it again and is
+                        # not lost, though the store answered before that message was stored
+                        cur.must_pull = False
                         try:
                             r = await pull_lane(self.processor, lmq[0], cur, cur.read, want, s.ctx,
                                                 self.ctx)
@@ -388,6 +393,9 @@ class Delivery:
                             cur.end = cur.read
                             s.pending.pop(lmq, None)
                             continue
+                        except BaseException:
+                            cur.must_pull = True  # still to read at the next wake
+                            raise
                         if s.conn is not conn or conn.closed or s.cursors.get(lmq) is not cur:
                             return
                         if by_lmq is not None:  # subscriptions may have changed meanwhile
@@ -412,16 +420,19 @@ class Delivery:
                             progressed = True
                             room -= len(msgs)
                         if len(msgs) < want:
-                            cur.must_pull = False
+                            if cur.must_pull:
+                                asked = True
                             if cur.end < cur.read:
                                 cur.end = cur.read
+                        else:
+                            cur.must_pull = True  # a full answer: there may be more
                         if runs:
                             runs.taken(cur.broker, cur.read - start)
                     if cur.caught_up():
                         s.pending.pop(lmq, None)
                     if room <= 0:
                         break
-                if not progressed:
+                if not progressed and not asked:
                     return
         finally:
             s.pumping = False

@@ -28,10 +28,31 @@ How (README "MQTT door", "Several gateways"):
   acknowledged before are not sent again, unacknowledged ones are (QoS 1: at
   least once). A dead owner (not in the brokers' list of gateways polling) is not
   waited for.
-- A gateway storing a message into the queue of a session online at another
-  gateway leaves that gateway a *note* on the broker that stored it (lane name);
-  the owner reads the lane at once. Notes are hints: a lost one only delays a
-  delivery until the session's next wake or reconnect.
+- A gateway storing a message into the queue of a session another live gateway
+  owns leaves that gateway a *note* on the broker that stored it (lane name);
+  the owner reads the lane at once.
+
+The guarantee (issue 21): a message acknowledged for a persistent session connected
+at a live gateway is delivered promptly, never left for the next reconnect. Notes
+are how; what keeps them from being lost:
+
+- notes go to the owner whatever this gateway's copy says of it being online (a
+  copy may lag: a release written by a gateway holding the session offline says
+  offline though the new owner holds it connected);
+- two gateways that both think they hold a session (two CONNECTs racing, each
+  missing the other's record) settle on one (:meth:`Fleet._yields`), and the one
+  that keeps it writes its record again, as it does whenever another gateway's
+  write names it, so the copies every gateway routes by converge on the holder;
+- a note reaching a gateway that does not hold the session (the sender's copy
+  was older) is passed on to the owner it knows of, ``MAX_HOPS`` times at most;
+  one reaching the holder before the connection is attached marks the lane, which
+  the CONNECT's resume reads; one arriving while that lane's read is on its way
+  is kept for another read (``delivery.py``);
+- a broker hands a note out once: after a watch call failed (its answer may have
+  carried notes), every session connected here reads its lanes again.
+
+A gateway that died gets no notes: its sessions wait in the store for their next
+CONNECT anywhere, which reads every lane from its committed floor.
 
 Not covered (documented): clean (non-persistent) sessions and QoS 0 deliveries
 stay per gateway, and so do shared subscriptions' groups.
@@ -62,6 +83,8 @@ __all__ = ["Fleet"]
 
 WATCH_S = 2.0  # a watch call's long poll on a broker
 NAMESPACES = [KV_SESSIONS, KV_RETAINED]
+NOTE_TRIES = 4  # a note sent to a broker that does not answer is sent again, this often at most
+MAX_HOPS = 3  # a note passed on from a gateway that no longer holds the session, at most this often
 
 
 class Fleet:
@@ -134,6 +157,7 @@ class Fleet:
             await asyncio.sleep(5.0)
 
     async def _watch(self, broker: str, inc: str, seq: int) -> None:
+        failed = False
         while not self._stopping:
             try:
                 r = await self._feed().door_watch(
@@ -142,9 +166,14 @@ class Fleet:
                 raise
             except Exception as e:  # a broker down or restarting: ask again soon
                 log.debug("mqtt fleet: watching %s failed: %s", broker, e)
+                failed = True
                 await asyncio.sleep(1.0)
                 continue
+            restarted = bool(inc) and r["inc"] != inc  # notes left before a broker restart are gone
             inc, seq = self._take(r)
+            if failed or restarted:  # notes lost with an answer: every connected session reads its lanes
+                failed = False
+                self.rewake()
 
     def _take(self, r: dict[str, Any]) -> tuple[str, int]:
         """Apply one watch answer; the cursor to ask from next."""
@@ -184,19 +213,48 @@ class Fleet:
         try:
             d = json.loads(raw)
             owner, epoch, handed = d.get("o"), int(d.get("g", 0)), int(d.get("h", 0))
-        except (ValueError, TypeError, AttributeError):
+            online = not d["d"]
+        except (ValueError, TypeError, KeyError, AttributeError):
             return
         if handed:
             f = self._claims.get((key, handed))
             if f is not None and not f.done() and owner == self.gid:
                 f.set_result(raw)  # the old owner released it to this gateway's claim
-        if owner is None or owner == self.gid:
-            return  # this gateway's own write coming back
+        if owner is None:
+            return
+        if owner == self.gid:
+            # another gateway's write naming this one (a release, written from that gateway's
+            # state: it may say offline): the record others route by is this gateway's own again
+            if s is not None and self.owns(s):
+                self.broker.session_store.save_soon(s)
+            return
         if s is not None and self.owns(s):
-            if epoch >= s.epoch:  # claimed by another gateway
+            if self._yields(s, owner, epoch, online):
                 self.broker.spawn(self._release(s, owner, epoch))
+            else:  # the record others route by must name this gateway again
+                s.epoch = max(s.epoch, epoch) + 1
+                self.broker.session_store.save_soon(s)
             return
         self._copy(key, d)
+
+    def _yields(self, s: Session, owner: str, epoch: int, online: bool) -> bool:
+        """Does ``s``, held here, go to ``owner``, whose record of it (``epoch``, ``online``
+        there) the feed just brought? Exactly one of two gateways that both think they hold a
+        session keeps it, and a connected device is never given up for a record that is not:
+
+        - held here by a live connection, offline (or dead) there: kept here -- a device that
+          gave up on a CONNECT there and came here; that gateway's last write lost a race;
+        - a higher epoch: a claim (CONNECT there after here): it goes;
+        - the same epoch (both took it at once without seeing the other's record): offline
+          here, it goes; connected at both, the higher gateway id keeps it;
+        - a lower epoch: a stale write; kept here.
+        """
+        here = s.conn is not None
+        if here and not (online and self.alive(owner)):
+            return False
+        if epoch != s.epoch:
+            return epoch > s.epoch
+        return not here or owner > self.gid
 
     def _copy(self, cid: str, d: Any) -> None:
         """Replace the routing copy of a session another gateway owns (``d``: its parsed record);
@@ -313,12 +371,13 @@ class Fleet:
         """Is ``s`` a routing copy of a session online at another gateway?"""
         return s.owner is not None and s.owner != self.gid and s.online
 
-    def note(self, broker: str, s: Session, lmq: str) -> None:
+    def note(self, broker: str, s: Session, lmq: str, hops: int = 0) -> None:
         """``broker`` stored a message in ``lmq`` of ``s`` (online elsewhere): tell its owner."""
         per = self._notes.get(broker)
         if per is None:
             per = self._notes[broker] = {}
-        per.setdefault(s.owner, []).append([s.client_id, lmq, broker])  # type: ignore[arg-type]
+        item = [s.client_id, lmq, broker, hops] if hops else [s.client_id, lmq, broker]
+        per.setdefault(s.owner, []).append(item)  # type: ignore[arg-type]
 
     def flush_notes(self) -> None:
         if not self._notes:
@@ -329,18 +388,41 @@ class Fleet:
                 self.broker.spawn(self._send_notes(broker, owner, items))
 
     async def _send_notes(self, broker: str, owner: str, items: list[list[Any]]) -> None:
-        try:
-            await self._feed().door_notify(broker, owner, items)
-        except Exception as e:  # a hint: the owner reads the lane at its next wake anyway
-            log.debug("mqtt fleet: notes to %s via %s failed: %s", owner, broker, e)
+        for attempt in range(NOTE_TRIES):
+            try:
+                await self._feed().door_notify(broker, owner, items)
+                return
+            except Exception as e:  # that broker busy or restarting: again, then (a restart) the
+                # owner's watch sees the broker's new incarnation and reads every lane anyway
+                log.debug("mqtt fleet: notes to %s via %s failed: %s", owner, broker, e)
+                await asyncio.sleep(0.5 * (attempt + 1))
+        log.warning("mqtt fleet: %d notes to gateway %s via %s not delivered", len(items), owner, broker)
 
     def _wake(self, note: list[Any]) -> None:
-        cid, lmq, broker = note
+        cid, lmq, broker = note[:3]
+        hops = note[3] if len(note) > 3 else 0
         b = self.broker
         s = b.sessions.get(cid)
-        if s is None or s.conn is None:
+        if s is None:
+            return  # no subscription here to read by; the owner's CONNECT reads every lane
+        if not self.owns(s):
+            # it moved on meanwhile (the sender's copy was older than this one's): passed on to
+            # the owner this gateway knows of, a few times at most (copies converge)
+            if hops < MAX_HOPS and self.alive(s.owner):  # type: ignore[arg-type]
+                self.note(broker, s, lmq, hops + 1)
+                self.flush_notes()
             return
         sub = b.delivery._sub_of_lmq(s, lmq)
         if sub is not None:
+            # even before the session's connection is attached (a CONNECT on its way): the lane
+            # is made and marked, and the CONNECT's resume reads it
             b.delivery.must_pull(s, sub, broker)
             b.delivery.wake(s)
+
+    def rewake(self) -> None:
+        """Read every lane of every session connected here again: after a watch call failed, the
+        notes its answer carried may be lost with it (a broker hands each note out once)."""
+        d = self.broker.delivery
+        for s in list(self.broker.sessions.values()):
+            if s.conn is not None and self.owns(s) and s.cursors:
+                d.resume(s)
