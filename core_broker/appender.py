@@ -477,6 +477,8 @@ class Appender:
         cq.put_batch(qo, count, pos, size, th)
         for c, o, i in zip(cqs, extra_offsets, inner):
             c.put(o, pos, size, i)
+        for mid in record.batch_ids(props):  # client-chosen ids: query by id finds the record
+            self.index.put("#id#" + mid, pos, now)
         return PutResult(PutStatus.PUT_OK, self.message_id(pos), msg.queue_id, qo, pos, size, extra_offsets)
 
     def append_link(

@@ -23,7 +23,9 @@ from .broker_controller import BrokerController
 from .config import BrokerConfig, StoreConfig
 from .model import StoredMessage
 from .remoting.client import RpcClient
-from .remoting.rows import get_result_to_block, messages_from_block, popped_to_block, put_results_to_block
+from .remoting.rows import (
+    batches_to_block, get_result_to_block, messages_from_block, popped_to_block, put_results_to_block,
+)
 from .remoting.server import RpcServer
 from .errors import BadRequestError, BrokerWriteBlockedError, NotMasterError, QueueMovedError
 from .logic_queue import QueueMapping
@@ -41,7 +43,7 @@ REMOTE_METHODS = [
     "kv_items", "kv_get_versioned", "kv_put_many", "kv_get_many_versioned", "kv_items_versioned", "door_watch",
     "door_notify", "poll_transaction_checks", "transaction_check_outcome",
     "consumer_lag", "store_stats", "group_queues", "reset_offset", "repl_hello", "repl_fetch", "repl_state",
-    "read_table", "compact_topic", "seal_queue", "consumed_offset",
+    "read_table", "compact_topic", "seal_queue", "consumed_offset", "pull_batches",
 ]
 # What a replica (or a group member with no role yet) answers; everything else is its master's.
 REPLICA_METHODS = frozenset({"ping", "repl_hello", "repl_fetch", "repl_state"})
@@ -174,6 +176,9 @@ class BrokerServer:
                            "type": t.message_type.value}
             if t.mapping is not None:
                 out[t.name]["mapping"] = t.mapping
+            attrs = t.route_attributes()
+            if attrs:  # what the gateways' send plans need (a batch topic is packed by them)
+                out[t.name]["attributes"] = attrs
         return out
 
     async def register(self) -> int:
@@ -328,6 +333,11 @@ class BrokerServer:
         return get_result_to_block(
             await self.controller.pull(topic, queue_id, offset, max_count, filter_expression, wait_ms)
         )
+
+    def pull_batches(self, topic: str, queue_id: int, offset: int, max_count: int) -> bytes:
+        """A batch queue's records whole, each once (BrokerController.pull_batches), for the
+        gateway's Arrow pages; None in the block where a pull answers instead."""
+        return batches_to_block(self.controller.pull_batches(topic, queue_id, offset, max_count))
 
     async def read_table(self, topic, queue_id, offset, max_count) -> bytes:
         return get_result_to_block(await self.controller.read_table(topic, queue_id, offset, max_count))

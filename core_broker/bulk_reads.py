@@ -22,7 +22,33 @@ from .system_topics import LMQ_PREFIX
 if TYPE_CHECKING:
     from .message_store import MessageFilter
 
-__all__ = ["BulkReads"]
+__all__ = ["BulkReads", "batch_member", "batch_member_by_id"]
+
+
+def batch_member(m: StoredMessage, i: int) -> StoredMessage | None:
+    """Batch record ``m`` answered as its message ``i`` (``record.P_BATCH_INDEX`` and that
+    message's queue offset; the gateway unpacks it as a read's), or None when ``m`` is no batch
+    record or has no message ``i``."""
+    if m.flags & (record.FLAG_BATCH | record.FLAG_LINK) != record.FLAG_BATCH or \
+            not 0 <= i < int(m.properties.get(record.P_BATCH_COUNT, "1")):
+        return None
+    m.properties[record.P_BATCH_INDEX] = str(i)
+    m.queue_offset += i
+    return m
+
+
+def batch_member_by_id(m: StoredMessage, message_id: str) -> StoredMessage | None:
+    """The message of batch record ``m`` whose client-chosen id is ``message_id`` (the index
+    entry ``#id#<id>`` names the record, ``record.P_BATCH_IDS`` which of its messages), or None."""
+    if not m.flags & record.FLAG_BATCH:
+        return None
+    ids = m.properties.get(record.P_BATCH_IDS)
+    if not ids:
+        return None
+    try:
+        return batch_member(m, ids.split("\0").index(message_id))
+    except ValueError:
+        return None
 
 
 class BulkReads:
@@ -46,6 +72,8 @@ class BulkReads:
             cq.put_batch(h.queue_offset, h.batch_count, h.phys_offset, h.size, th)
         for (topic, qid, qo), i in zip(h.dispatch, h.batch_dispatch):
             self._cq(topic, qid).put(qo, h.phys_offset, h.size, i)
+        for mid in h.batch_ids:
+            self.index.put("#id#" + mid, h.phys_offset, h.store_ts)
 
     def is_batch_topic(self, topic: str) -> bool:
         """A topic created with the attribute ``batch=true``: its queues are batch queues."""
@@ -105,6 +133,22 @@ class BulkReads:
             except (CorruptRecordError, ValueError):
                 break
         return (out, cq.min_offset, cq.max_offset) if out else None
+
+    def batch_message_at(self, phys: int) -> StoredMessage | None:
+        """The message of a batch whose server id names commitlog offset ``phys``: the batch record
+        at ``start`` holds its messages' ids ``start + i`` (``i`` below its count, a record being
+        longer than its count), so the record holding ``phys`` is found by looking back from it
+        (``CommitLog.record_holding``); answered as the record naming index ``phys - start`` and
+        that message's queue offset, unpacked by the gateway as a read's are. No index entry per
+        message: the write path never opens a batch. None when ``phys`` is no such position."""
+        start = self.commitlog.record_holding(phys, self.config.max_message_size + record.HEADER_SIZE + (64 << 10))
+        if start is None or start == phys:
+            return None
+        try:
+            m = self._materialize(start)
+        except (CorruptRecordError, ValueError):
+            return None
+        return batch_member(m, phys - start)
 
     def batch_index_at(self, topic: str, queue_id: int, offset: int) -> int | None:
         """The index inside its batch record of the message at a batch queue's offset (None: a

@@ -39,7 +39,7 @@ from .compaction import Compactor
 from .config import FlushMode, StoreConfig
 from . import batch_queue
 from .batch_queue import BatchConsumeQueue
-from .bulk_reads import BulkReads
+from .bulk_reads import BulkReads, batch_member_by_id
 from .consume_queue import ENTRY_SIZE, LMQ_CQ_ENTRIES, ConsumeQueue, _safe, unsafe
 from .light_queue import DIR_NAME as LMQ_DIR, LightQueueLog
 from .errors import (
@@ -638,13 +638,17 @@ class MessageStore(BulkReads):
         if len(message_id) == 34 and message_id.startswith(self.appender.id_prefix):
             try:
                 phys = int(message_id[18:], 16)
-                if phys >= self.commitlog.min_offset:
-                    m = self._materialize(phys)
-                    if m.message_id == message_id:
-                        return m
-            except (ValueError, CorruptRecordError):
+            except ValueError:
                 return None
-            return None
+            if phys < self.commitlog.min_offset:
+                return None
+            try:
+                m = self._materialize(phys)
+                if m.message_id == message_id:
+                    return m
+            except (ValueError, CorruptRecordError):
+                pass
+            return self.batch_message_at(phys)  # an offset inside a batch record: one of its messages
         for phys in self.index.query("#id#" + message_id, 0, 2**62, 16):
             if phys < self.commitlog.min_offset:
                 continue
@@ -653,6 +657,9 @@ class MessageStore(BulkReads):
             except (ValueError, CorruptRecordError):
                 continue
             if m.message_id == message_id:
+                return m
+            m = batch_member_by_id(m, message_id)  # a client id inside a batch record
+            if m is not None:
                 return m
         return None
 

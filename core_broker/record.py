@@ -57,6 +57,11 @@ FLAG_BATCH = 0x2
 P_BATCH_COUNT = "__batch_n"
 P_BATCH_DISPATCH = "__batch_x"
 P_BATCH_INDEX = "__batch_i"
+# The client-chosen ids of a batch's messages, "\0"-joined in message order (empty for one
+# without): the store indexes each (``#id#<id>`` -> the record) so a query by id finds any
+# message of a batch without the store opening the batch's body. Present only when some message
+# of the batch has a client id.
+P_BATCH_IDS = "__batch_ids"
 
 
 # Encoded properties: a door stamps the same names on every message (mqtt_*, ce_*,
@@ -294,7 +299,14 @@ class RecordHeader:
         "dispatch",
         "batch_count",
         "batch_dispatch",
+        "batch_ids",
     )
+
+
+def batch_ids(props: dict[str, str]) -> tuple[str, ...]:
+    """The client ids a batch record's messages are indexed by (``P_BATCH_IDS``), each once."""
+    ids = props.get(P_BATCH_IDS)
+    return tuple(dict.fromkeys(i for i in ids.split("\0") if i)) if ids else ()
 
 
 def check(buf, pos: int, limit: int) -> tuple[int, int]:
@@ -333,12 +345,13 @@ def parse_header(buf, pos: int) -> RecordHeader:
     p += gl_tag + gl + pl
     h.keys = bytes(buf[p : p + kl]).decode().split("\0") if kl else []
     p += kl
-    h.batch_count, h.batch_dispatch = 0, ()
+    h.batch_count, h.batch_dispatch, h.batch_ids = 0, (), ()
     if h.flags & FLAG_BATCH and not h.flags & FLAG_LINK:
         props = decode_properties(bytes(buf[p : p + prl])) if prl else {}
         h.batch_count = int(props.get(P_BATCH_COUNT, "1"))
         x = props.get(P_BATCH_DISPATCH)
         h.batch_dispatch = tuple(int(i) for i in x.split(",")) if x else ()
+        h.batch_ids = batch_ids(props)
     p += prl
     h.dispatch = decode_dispatch(bytes(buf[p : p + dl])) if dl else []
     return h

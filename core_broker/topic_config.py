@@ -19,6 +19,10 @@ from .system_topics import LMQ_PREFIX
 PERM_READ = 0x4
 PERM_WRITE = 0x2
 PERM_RW = PERM_READ | PERM_WRITE
+# The attributes a gateway acts on when it sends (batch topics are packed by the gateway,
+# gateway/batch_send.py): a broker registers them with its routes so that a gateway of the
+# separated deployment, which learns topics from the nameservers, packs as a merged one does.
+ROUTE_ATTRIBUTES = ("batch", "batch.compression", "batch.linger_ms")
 
 
 @dataclass
@@ -50,6 +54,11 @@ class TopicConfig:
                 "position for all its messages (no FIFO order by group, delay, transaction or compaction)")
         if self.attributes.get("batch") == "true" and self.attributes.get("static") == "true":
             raise BadRequestError("a topic is a batch topic (batch=true) or static (static=true), not both (yet)")
+
+    def route_attributes(self) -> dict[str, str]:
+        """The attributes a route carries (:data:`ROUTE_ATTRIBUTES` the topic has)."""
+        a = self.attributes
+        return {k: a[k] for k in ROUTE_ATTRIBUTES if k in a}
 
     @property
     def queue_ids(self) -> range:

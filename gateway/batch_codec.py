@@ -35,7 +35,7 @@ from typing import Sequence
 from core_broker.errors import BadRequestError
 from core_broker.model import Message, StoredMessage
 from core_broker.record import (
-    FLAG_BATCH, P_BATCH_COUNT, P_BATCH_DISPATCH, P_BATCH_INDEX, decode_properties, encode_properties,
+    FLAG_BATCH, P_BATCH_COUNT, P_BATCH_DISPATCH, P_BATCH_IDS, P_BATCH_INDEX, decode_properties, encode_properties,
 )
 
 __all__ = ["P_BATCH_COUNT", "MAGIC", "CODECS", "COLUMNS", "BatchError", "pack", "Unpacked", "unpack", "batch_record",
@@ -164,6 +164,12 @@ class Unpacked:
     def has_properties(self) -> bool:
         return self.columns[2][0][self.count] > 0
 
+    def client_ids(self) -> list[str] | None:
+        """The messages' client-chosen ids (empty for one without), None when none has one."""
+        if not self.columns[3][0][self.count]:
+            return None
+        return [self.field(3, i).decode() for i in range(self.count)]
+
     def messages(self, topic: str, protocol: str) -> list[Message]:
         """Every message of the batch as a Message to send (a door routes them one by one)."""
         out = []
@@ -193,6 +199,8 @@ def batch_record(topic: str, messages: Sequence[Message], compression: str = "no
     props = {P_BATCH_COUNT: str(count or len(messages))}
     if index:
         props[P_BATCH_DISPATCH] = ",".join(index)
+    if any(m.message_id for m in messages):  # indexed by the store (record.P_BATCH_IDS)
+        props[P_BATCH_IDS] = "\0".join(m.message_id or "" for m in messages)
     return Message(
         topic, body if body is not None else pack(messages, compression), tag=first.tag if first else None,
         properties=props, protocol=first.protocol if first else "http", flags=FLAG_BATCH,
@@ -201,7 +209,7 @@ def batch_record(topic: str, messages: Sequence[Message], compression: str = "no
     )
 
 
-_OWN = (P_BATCH_COUNT, P_BATCH_DISPATCH, P_BATCH_INDEX)
+_OWN = (P_BATCH_COUNT, P_BATCH_DISPATCH, P_BATCH_INDEX, P_BATCH_IDS)
 
 
 def expand(m: StoredMessage, cache: dict | None = None) -> StoredMessage:

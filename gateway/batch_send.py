@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from core_broker.model import Message
+from core_broker.record import P_BATCH_IDS
 
 from .api import MessageTypeMismatchError, SendResult
 from .batch_codec import BatchError, batch_record, compressed_block, unpack
@@ -118,5 +119,8 @@ def packed_record(topic: str, body: bytes, compression: str | None, protocol: st
     if u.has_properties():
         return None
     rec = batch_record(topic, (), body=body, count=count)
+    ids = u.client_ids()
+    if ids is not None:  # indexed by the store, as a gateway-packed batch's (record.P_BATCH_IDS)
+        rec.properties[P_BATCH_IDS] = "\0".join(ids)
     rec.protocol, rec.born_host, rec.born_timestamp_ms = protocol, host, int(u.born[0])
     return rec

@@ -39,8 +39,14 @@ class BulkCalls:
         when it is not one (no plan yet, no linger, or a gathered batch itself)."""
         if messages.__class__ is Gathered:
             return None
-        lp = self._plans.get(messages[0].topic)
-        if lp is None or not lp.linger or lp is not self._plan_nowait(ctx, messages[0].topic):
+        topic = messages[0].topic
+        lp = self._plans.get(topic)
+        if lp is None or not lp.linger:
+            return None
+        cur = self._plan_nowait(ctx, topic)  # the caller's right to publish checked here
+        if cur is None:  # separated deployment: a route is never at hand without an await
+            cur = await self._send_plan(ctx, topic)
+        if not cur.linger:  # switched off since
             return None
         linger = self.__dict__.get("_linger")
         if linger is None:  # made on first use: most processors never see a batch topic with a linger

@@ -30,6 +30,7 @@ from core_broker.model import FilterExpression, GetResult, Message, PutResult, S
 from core_broker.pop_service import PoppedMessage
 from core_broker.remoting.client import PeerConnectError, PeerUnavailableError, RpcClient
 from core_broker.remoting.rows import (
+    batches_from_block,
     get_result_from_block,
     messages_to_block,
     popped_from_block,
@@ -216,7 +217,8 @@ class RemoteBrokerClient:
                     total += e["queues"]
                     queues += [QueueRoute(e["broker"], e["queue_base"] + i, e["perm"]) for i in range(e["queues"])]
                 tc = TopicConfig(topic, queues=max(1, min(total, 1024)), message_type=raw["type"],
-                                 perm=raw["queues"][0]["perm"] if raw["queues"] else 0x6)
+                                 perm=raw["queues"][0]["perm"] if raw["queues"] else 0x6,
+                                 attributes=dict(raw.get("attributes") or {}))  # batch topics: send_plan.py
                 cached = (TopicRoute(tc, queues), now)
                 self._routes[topic] = cached
         route = cached[0]  # type: ignore[index]
@@ -491,7 +493,9 @@ class RemoteBrokerClient:
 
     async def pull_batches(self, broker: str, topic: str, queue_id: int, offset: int,
                            max_count: int) -> tuple[list, int, int] | None:
-        return None  # records do not travel whole over the RPC: readers pull single messages
+        if topic in self.maps:  # a static topic is never a batch topic (TopicConfig refuses both)
+            return None
+        return batches_from_block(await self._call(broker, "pull_batches", topic, queue_id, offset, max_count))
 
     async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None:
         mp = await self._static(topic)

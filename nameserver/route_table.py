@@ -20,7 +20,7 @@ class BrokerInfo:
     name: str
     address: str  # host:port of its RPC endpoint
     perm: int  # broker-wide permission: RW, read-only (write-blocked) or none
-    topics: dict[str, dict]  # name -> {"queues", "queue_base", "perm", "type"}
+    topics: dict[str, dict]  # name -> {"queues", "queue_base", "perm", "type"[, "mapping", "attributes"]}
     last_seen: float = field(default_factory=time.monotonic)
     # A replicated group's master: when it fails, another member takes the name over (gateways
     # retry a failed send on it rather than give up on the broker).
@@ -54,17 +54,20 @@ class RouteTable:
         return gone
 
     def route(self, topic: str, now: float | None = None) -> dict | None:
-        """{"topic", "type", "queues": [{broker, address, queue_base, queues, perm}]} or None; a
-        static topic's also has "mapping" (see core_broker/logic_queue.py)."""
+        """{"topic", "type", "attributes", "queues": [{broker, address, queue_base, queues, perm}]} or
+        None; a static topic's also has "mapping" (see core_broker/logic_queue.py). "attributes" are
+        those gateways act on (batch topics), the same on every broker of the topic."""
         self.expire(now)
         entries = []
         mtype = None
+        attributes: dict[str, str] = {}
         mapping = None  # a static topic's map of logic queues: the newest any broker registered
         for b in sorted(self.brokers.values(), key=lambda b: b.name):
             t = b.topics.get(topic)
             if t is None:
                 continue
             mtype = mtype or t.get("type", "NORMAL")
+            attributes = attributes or t.get("attributes", {})
             m = t.get("mapping")
             if m is not None and (mapping is None or m.get("epoch", 0) > mapping.get("epoch", 0)):
                 mapping = m
@@ -79,7 +82,7 @@ class RouteTable:
             )
         if not entries:
             return None
-        out = {"topic": topic, "type": mtype, "queues": entries}
+        out = {"topic": topic, "type": mtype, "attributes": attributes, "queues": entries}
         if mapping is not None:
             out["mapping"] = mapping
         return out

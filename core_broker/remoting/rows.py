@@ -16,6 +16,11 @@ kind checks, see ``codec.py``):
 - popped message: ``(stored message row, receipt handle, delivery attempt,
   invisible until ms)``;
 - get result: ``(status, [stored message rows], next, min, max offset)``.
+
+A read of a batch topic answers one stored message per queue offset, the copies of one batch
+record sharing its body (``core_broker/bulk_reads.py``): a row whose body is the previous row's
+object carries ``None`` for it, and the reading side gives it the previous row's body back, so a
+batch record crosses the wire once per read (and is unpacked once, ``gateway/batch_codec.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Iterable, Sequence
 
 from ..model import DispatchTarget, GetResult, GetStatus, Message, PutResult, PutStatus, StoredMessage
 from ..pop_service import PoppedMessage
+from ..record import FLAG_BATCH as _FLAG_BATCH
 from .wire import pack_block, unpack_block
 
 MESSAGE_FIELDS = Message.__slots__
@@ -62,6 +68,29 @@ def messages_from_block(data: bytes) -> list[Message]:
 
 # -- stored messages (pop, pull) --------------------------------------------------------
 
+def _stored_rows(messages: Sequence[StoredMessage]) -> list[tuple]:
+    """Rows of stored messages, a body shared with the previous row sent once (see above)."""
+    rows = list(map(_stored_row, messages))
+    prev = None
+    for i, m in enumerate(messages):
+        b = m.body
+        if b is prev and m.flags & _FLAG_BATCH:
+            r = rows[i]
+            rows[i] = (r[0], None, *r[2:])
+        prev = b
+    return rows
+
+
+def _stored_all(rows: list) -> list[StoredMessage]:
+    out = list(map(_stored, rows))
+    prev = None
+    for sm in out:
+        if sm.body is None:
+            sm.body = prev
+        prev = sm.body
+    return out
+
+
 def _stored(row: tuple) -> StoredMessage:
     sm = StoredMessage.__new__(StoredMessage)
     (sm.topic, sm.body, sm.tag, sm.keys, sm.properties, sm.message_group, sm.delivery_time_ms,
@@ -74,24 +103,41 @@ def _stored(row: tuple) -> StoredMessage:
 
 
 def popped_to_block(popped: Sequence[PoppedMessage]) -> bytes:
-    row = _stored_row
-    return pack_block([(row(m), h, a, until) for m, h, a, until in popped])
+    rows = _stored_rows([p[0] for p in popped])
+    return pack_block([(r, h, a, until) for r, (_, h, a, until) in zip(rows, popped)])
 
 
 def popped_from_block(data: bytes) -> list[PoppedMessage]:
     new = _new_tuple
-    stored = _stored
-    return [new(PoppedMessage, (stored(r), h, a, until)) for r, h, a, until in unpack_block(data)]
+    items = unpack_block(data)
+    msgs = _stored_all([it[0] for it in items])
+    return [new(PoppedMessage, (m, h, a, until)) for m, (_, h, a, until) in zip(msgs, items)]
 
 
 def get_result_to_block(r: GetResult) -> bytes:
-    return pack_block((r.status.value, list(map(_stored_row, r.messages)), r.next_offset, r.min_offset,
-                       r.max_offset))
+    return pack_block((r.status.value, _stored_rows(r.messages), r.next_offset, r.min_offset, r.max_offset))
 
 
 def get_result_from_block(data: bytes) -> GetResult:
     status, rows, nxt, lo, hi = unpack_block(data)
-    return GetResult(_GET_STATUS[status], list(map(_stored, rows)), nxt, lo, hi)
+    return GetResult(_GET_STATUS[status], _stored_all(rows), nxt, lo, hi)
+
+
+def batches_to_block(page: tuple[list, int, int] | None) -> bytes:
+    """A batch queue's records whole (``MessageStore.get_batches``): ``([(first, count, stored
+    message row)], min, max)``, or None."""
+    if page is None:
+        return pack_block(None)
+    recs, lo, hi = page
+    return pack_block(([(first, n, _stored_row(m)) for first, n, m in recs], lo, hi))
+
+
+def batches_from_block(data: bytes) -> tuple[list, int, int] | None:
+    page = unpack_block(data)
+    if page is None:
+        return None
+    recs, lo, hi = page
+    return [(first, n, _stored(r)) for first, n, r in recs], lo, hi
 
 
 # -- what a broker answers a send ----------------------------------------------------

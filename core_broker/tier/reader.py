@@ -20,6 +20,7 @@ from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Callable
 
 from .. import record
+from ..bulk_reads import batch_member_by_id
 from ..consume_queue import ENTRY
 from ..errors import CorruptRecordError
 from ..model import GetResult, GetStatus, StoredMessage
@@ -275,6 +276,9 @@ class TierReader:
         if len(message_id) != len(prefix) + 16 or not message_id.startswith(prefix):
             for m in self._by_index_key("#id#" + message_id, 0, 2**62, 16):
                 if m.message_id == message_id:
+                    return m
+                m = batch_member_by_id(m, message_id)  # a client id inside a batch record
+                if m is not None:
                     return m
             return None
         try:
