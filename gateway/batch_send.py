@@ -47,23 +47,24 @@ class Packed:
     """A send call after packing: the messages to store, and per original message where its
     result lies (the stored message's index, and its index in that batch or -1)."""
 
-    __slots__ = ("stored", "brokers", "where", "inner_extra")
+    __slots__ = ("stored", "brokers", "where", "inner_extra", "ids")
 
-    def __init__(self) -> None:
+    def __init__(self, messages: Sequence[Message]) -> None:
         self.stored: list[Message] = []
         self.brokers: list[str] = []
         self.where: list[tuple[int, int]] = []
         self.inner_extra: list[list[list[int]]] = []  # per stored: per message, its positions in extra_offsets
+        self.ids = [m.message_id for m in messages]  # client-chosen ids: a batched message answers with its own
 
     def results(self, put: Sequence[SendResult]) -> list[SendResult]:
         out = []
-        for k, i in self.where:
+        for n, (k, i) in enumerate(self.where):
             r = put[k]
             if i < 0:
                 out.append(r)
                 continue
-            mid = r.message_id
-            if len(mid) == 34:  # a server id: the store's prefix and the record's offset in hex
+            mid = self.ids[n] or r.message_id  # the id a read of it shows (batch_codec.expand)
+            if not self.ids[n] and len(mid) == 34:  # a server id: the store's prefix and the record's offset
                 mid = mid[:18] + "%016X" % (int(mid[18:], 16) + i)
             pos = self.inner_extra[k][i]
             extra = tuple(r.extra_offsets[p] for p in pos) if r.extra_offsets else ()
@@ -74,7 +75,7 @@ class Packed:
 def pack_call(messages: Sequence[Message], brokers: Sequence[str], batch_topics: dict[str, str]) -> Packed:
     """Group runs of messages to a batch topic (``batch_topics``: topic -> compression) that share
     queue, tag and door into batch records; every other message stays as it is."""
-    p = Packed()
+    p = Packed(messages)
     i, n = 0, len(messages)
     while i < n:
         m = messages[i]

@@ -145,6 +145,12 @@ def test_every_sending_door_batches_and_every_reading_door_sees_single_messages(
         # pull, one message at a time, from every offset
         got = pull_all(c, "bd", step=1)
         assert bodies_of(got) == want and [m["queue_offset"] for m in got] == list(range(90))
+        # each message's id is the one its send answered (the gRPC ones: their client ids), and
+        # any message of a batch is found by it
+        assert [m["message_id"] for m in got] == [x["message_id"] for x in res] + [mid for mid, _ in entries]
+        for k in (0, 1, 39, 40, 69, 70, 71, 89):
+            found = c.get("/v1/admin/messages", params={"id": got[k]["message_id"]}).json()["items"]
+            assert bodies_of(found) == [want[k]] and found[0]["queue_offset"] == k, k
         # HTTP pop: each message once, acked one by one
         popped: list[dict] = []
         while len(popped) < 90:

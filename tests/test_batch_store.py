@@ -80,3 +80,49 @@ def test_a_store_from_before_batch_topics_reads_as_before(tmp_path: Path) -> Non
         assert s.put(Message("t", b"after")).queue_offset == 10
     finally:
         s.shutdown()
+
+
+def test_query_by_id_finds_every_message_of_a_batch(tmp_path: Path) -> None:
+    """Server ids (the record's offset + the message's index) by looking back from the offset to
+    the record holding it; client-chosen ids by the index entries written from the record's
+    ``__batch_ids``; the index rebuilt from the commitlog after a crash finds them again."""
+    s = _open(tmp_path / "d")
+    try:
+        s.topics.create(TopicConfig("b", queues=1, attributes={"batch": "true"}))
+        s.put(Message("b", b"before"))
+        # bodies holding the record magic and a fake header: the search must not stop in them
+        fake = struct.pack("<II", 64, 0xDAA320A7) * 50
+        r1 = s.put(batch_record("b", [Message("b", fake + b"%d" % i) for i in range(40)], "none"))
+        r2 = s.put(batch_record("b", [Message("b", b"c%d" % i, message_id=f"client-{i}" if i % 2 else None)
+                                      for i in range(9)], "zstd"))
+        prefix = r1.message_id[:18]
+
+        def by_id(store: MessageStore, mid: str) -> Message | None:
+            m = store.query_by_id(mid)
+            return expand_all([m])[0] if m is not None else None
+
+        def check(store: MessageStore) -> None:
+            for i in (0, 1, 20, 39):
+                m = by_id(store, prefix + "%016X" % (r1.commitlog_offset + i))
+                assert m is not None and m.body == fake + b"%d" % i and m.queue_offset == 1 + i
+            assert by_id(store, prefix + "%016X" % (r1.commitlog_offset + 40)) is None  # past its count
+            for i in (1, 3, 7):
+                m = by_id(store, f"client-{i}")
+                assert m is not None and m.body == b"c%d" % i and m.queue_offset == 41 + i and m.message_id == f"client-{i}"
+            assert by_id(store, "client-2") is None
+            m = by_id(store, prefix + "%016X" % (r2.commitlog_offset + 2))
+            assert m is not None and m.body == b"c2"
+
+        check(s)
+        copy = crash_copy(s, tmp_path / "crashed")
+    finally:
+        s.shutdown()
+    for f in (copy / "index").rglob("*"):
+        if f.is_file():
+            f.unlink()
+    (copy / "checkpoint").unlink(missing_ok=True)
+    s = _open(copy)
+    try:
+        check(s)
+    finally:
+        s.shutdown()
