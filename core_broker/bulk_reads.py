@@ -138,10 +138,10 @@ class BulkReads:
         """The message of a batch whose server id names commitlog offset ``phys``: the batch record
         at ``start`` holds its messages' ids ``start + i`` (``i`` below its count, a record being
         longer than its count), so the record holding ``phys`` is found by looking back from it
-        (``CommitLog.record_holding``); answered as the record naming index ``phys - start`` and
+        (``CommitLog.record_start_before``); answered as the record naming index ``phys - start`` and
         that message's queue offset, unpacked by the gateway as a read's are. No index entry per
         message: the write path never opens a batch. None when ``phys`` is no such position."""
-        start = self.commitlog.record_holding(phys, self.config.max_message_size + record.HEADER_SIZE + (64 << 10))
+        start = self.commitlog.record_start_before(phys, self.config.max_message_size + record.HEADER_SIZE + (64 << 10))
         if start is None or start == phys:
             return None
         try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import struct
 import threading
 from pathlib import Path
 from typing import Callable, Iterator
@@ -34,11 +33,6 @@ from . import record
 from .errors import CorruptRecordError, StoreFullError
 from .mapped_file import MappedFile, MappedFileQueue, zero_range
 from .model import StoredMessage
-
-_MAGIC = struct.pack("<I", record.MAGIC_MESSAGE)
-_SIZE = struct.Struct("<I")
-_PHYS = struct.Struct("<q")
-_PHYS_AT = 28  # total_size, magic, crc (u32 each), flags u32, queue_id i32, queue_offset i64: see record.py
 
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 _COPY_MAX = 4096  # a batch this small is copied into the mapping (see write_pieces)
@@ -342,31 +336,16 @@ class CommitLog:
             raise CorruptRecordError(f"no record at commitlog offset {offset}")
         return record.parse_header(mf.mm, offset - mf.base)
 
-    def record_holding(self, offset: int, max_back: int) -> int | None:
-        """The start of the record whose bytes hold ``offset``, or None.
-
-        Why: a message inside a batch record has an id naming a position inside the record
-        (``gateway/batch_send.py``), and records are length-prefixed only at their start. Looking
-        back (at most ``max_back`` bytes, and within ``offset``'s segment: a record never spans
-        two) for the record magic, a candidate counts only when its header names its own position
-        (``phys_offset``) and its size reaches past ``offset``: the magic found inside a body does
-        not; the nearest real record start before ``offset`` is the one."""
+    def record_start_before(self, offset: int, max_back: int) -> int | None:
+        """The offset of the nearest record starting at or before ``offset``, at most ``max_back``
+        bytes back, or None (see :func:`record.record_start_before`; a record never spans two
+        segments, so the search stays in ``offset``'s)."""
         mf = self.files.find(offset)
         if mf is None or offset >= self.write_pos:
             return None
-        mm, base = mf.mm, mf.base
-        rel = offset - base
-        lo = max(0, rel - max_back)
-        end = rel + 8  # a magic at rel + 4 at most: a record starting at offset itself
-        while True:
-            i = mm.rfind(_MAGIC, lo, end)
-            if i < 4:
-                return None
-            pos = i - 4
-            if _PHYS.unpack_from(mm, pos + _PHYS_AT)[0] == base + pos:
-                size = _SIZE.unpack_from(mm, pos)[0]
-                return base + pos if pos + size > rel else None
-            end = i + 3  # the next candidate starts before this one
+        rel = offset - mf.base
+        pos = record.record_start_before(mf.mm, rel, max(0, rel - max_back), mf.base)
+        return None if pos is None else mf.base + pos
 
     # -- recovery ------------------------------------------------------------------
 

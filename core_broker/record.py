@@ -303,6 +303,33 @@ class RecordHeader:
     )
 
 
+_MAGIC_BYTES = struct.pack("<I", MAGIC_MESSAGE)
+_PHYS = struct.Struct("<q")
+_PHYS_AT = PREFIX.size + 16  # phys_offset i64, after flags u32, queue_id i32, queue_offset i64
+
+
+def record_start_before(buf, rel: int, lo: int, base: int) -> int | None:
+    """The position in ``buf`` (whose byte 0 is commitlog offset ``base``) of the nearest record
+    starting at or before position ``rel``, looking back no further than ``lo``; None when there
+    is none in that range.
+
+    Why: a message inside a batch record has an id naming a position inside the record
+    (``gateway/batch_send.py``), and records are length-prefixed only at their start. Looking
+    back for the record magic (``rfind``: C), a candidate counts only when its header names its
+    own offset (``phys_offset``): a magic found inside a body does not. The caller decodes the
+    record found and checks that it holds ``rel`` (a batch's index below its count)."""
+    end = rel + 8  # a magic at rel + 4 at most: a record starting at rel itself
+    n = len(buf)
+    while True:
+        i = buf.rfind(_MAGIC_BYTES, lo, end)
+        if i < 4:
+            return None
+        pos = i - 4
+        if pos + _PHYS_AT + 8 <= n and _PHYS.unpack_from(buf, pos + _PHYS_AT)[0] == base + pos:
+            return pos
+        end = i + 3  # the next candidate starts before this one
+
+
 def batch_ids(props: dict[str, str]) -> tuple[str, ...]:
     """The client ids a batch record's messages are indexed by (``P_BATCH_IDS``), each once."""
     ids = props.get(P_BATCH_IDS)
