@@ -54,9 +54,9 @@ class RouteTable:
         return gone
 
     def route(self, topic: str, now: float | None = None) -> dict | None:
-        """{"topic", "type", "attributes", "queues": [{broker, address, queue_base, queues, perm}]} or
-        None; a static topic's also has "mapping" (see core_broker/logic_queue.py). "attributes" are
-        those gateways act on (batch topics), the same on every broker of the topic."""
+        """{"topic", "type", "queues": [{broker, address, queue_base, queues, perm}]} or None; a
+        static topic's also has "mapping" (see core_broker/logic_queue.py), a topic with attributes
+        gateways act on (a batch topic's, ``topic_config.ROUTE_ATTRIBUTES``) "attributes"."""
         self.expire(now)
         entries = []
         mtype = None
@@ -82,9 +82,11 @@ class RouteTable:
             )
         if not entries:
             return None
-        out = {"topic": topic, "type": mtype, "attributes": attributes, "queues": entries}
+        out = {"topic": topic, "type": mtype, "queues": entries}
         if mapping is not None:
             out["mapping"] = mapping
+        if attributes:
+            out["attributes"] = attributes
         return out
 
     def list_brokers(self, now: float | None = None) -> list[dict]:

@@ -143,3 +143,14 @@ def test_once_the_newer_masters_lease_ran_out_an_older_epoch_may_register() -> N
     rt.register("g", "m5:1", PERM_RW, topics(t=1), now=T0, replicated=True, epoch=5)
     rt.expire(now=T0 + 31)
     assert rt.register("g", "m4:1", PERM_RW, topics(t=1), now=T0 + 31, replicated=True, epoch=4)
+
+
+def test_a_route_carries_the_attributes_gateways_act_on() -> None:
+    """A batch topic's attributes go with its route (gateways pack its batches), from any broker."""
+    rt = RouteTable()
+    attrs = {"batch": "true", "batch.compression": "zstd"}
+    rt.register("a", "h:1", PERM_RW, {"clicks": {"queues": 2}}, now=T0)
+    rt.register("b", "h:2", PERM_RW, {"clicks": {"queues": 2, "queue_base": 2, "attributes": attrs}}, now=T0)
+    assert rt.route("clicks", now=T0)["attributes"] == attrs
+    rt.register("c", "h:3", PERM_RW, {"plain": {"queues": 1}}, now=T0)
+    assert "attributes" not in rt.route("plain", now=T0)
