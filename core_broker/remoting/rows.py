@@ -13,9 +13,9 @@ kind checks, see ``codec.py``):
 - message: the fields of ``Message.__slots__`` in order (15);
 - stored message: ``Message.__slots__ + StoredMessage.__slots__`` (19);
 - send answer: ``(PutResult as a tuple, transaction id)``;
-- popped message: ``(stored message row, receipt handle, delivery attempt,
-  invisible until ms)``;
-- get result: ``(status, [stored message rows], next, min, max offset)``.
+- popped messages: ``([(stored message row, receipt handle, delivery attempt, invisible until
+  ms)], shared)``;
+- get result: ``(status, [stored message rows], next, min, max offset, shared)``.
 
 A read of a batch topic answers one stored message per queue offset, the copies of one batch
 record sharing its body (``core_broker/bulk_reads.py``): a row whose body is the previous row's
@@ -68,9 +68,15 @@ def messages_from_block(data: bytes) -> list[Message]:
 
 # -- stored messages (pop, pull) --------------------------------------------------------
 
-def _stored_rows(messages: Sequence[StoredMessage]) -> list[tuple]:
-    """Rows of stored messages, a body shared with the previous row sent once (see above)."""
+def _stored_rows(messages: Sequence[StoredMessage]) -> tuple[list[tuple], bool]:
+    """Rows of stored messages, a batch record's body shared with the previous row sent once (see
+    above); and whether any was (the reading side then looks for them, else it need not)."""
     rows = list(map(_stored_row, messages))
+    for m in messages:  # a plain loop: cheaper than any() over a generator, on every pull and pop
+        if m.flags & _FLAG_BATCH:
+            break
+    else:
+        return rows, False
     prev = None
     for i, m in enumerate(messages):
         b = m.body
@@ -78,16 +84,17 @@ def _stored_rows(messages: Sequence[StoredMessage]) -> list[tuple]:
             r = rows[i]
             rows[i] = (r[0], None, *r[2:])
         prev = b
-    return rows
+    return rows, True
 
 
-def _stored_all(rows: list) -> list[StoredMessage]:
+def _stored_all(rows: list, shared: bool) -> list[StoredMessage]:
     out = list(map(_stored, rows))
-    prev = None
-    for sm in out:
-        if sm.body is None:
-            sm.body = prev
-        prev = sm.body
+    if shared:
+        prev = None
+        for sm in out:
+            if sm.body is None:
+                sm.body = prev
+            prev = sm.body
     return out
 
 
@@ -103,24 +110,25 @@ def _stored(row: tuple) -> StoredMessage:
 
 
 def popped_to_block(popped: Sequence[PoppedMessage]) -> bytes:
-    rows = _stored_rows([p[0] for p in popped])
-    return pack_block([(r, h, a, until) for r, (_, h, a, until) in zip(rows, popped)])
+    rows, shared = _stored_rows([p[0] for p in popped])
+    return pack_block(([(r, h, a, until) for r, (_, h, a, until) in zip(rows, popped)], shared))
 
 
 def popped_from_block(data: bytes) -> list[PoppedMessage]:
     new = _new_tuple
-    items = unpack_block(data)
-    msgs = _stored_all([it[0] for it in items])
+    items, shared = unpack_block(data)
+    msgs = _stored_all([it[0] for it in items], shared)
     return [new(PoppedMessage, (m, h, a, until)) for m, (_, h, a, until) in zip(msgs, items)]
 
 
 def get_result_to_block(r: GetResult) -> bytes:
-    return pack_block((r.status.value, _stored_rows(r.messages), r.next_offset, r.min_offset, r.max_offset))
+    rows, shared = _stored_rows(r.messages)
+    return pack_block((r.status.value, rows, r.next_offset, r.min_offset, r.max_offset, shared))
 
 
 def get_result_from_block(data: bytes) -> GetResult:
-    status, rows, nxt, lo, hi = unpack_block(data)
-    return GetResult(_GET_STATUS[status], _stored_all(rows), nxt, lo, hi)
+    status, rows, nxt, lo, hi, shared = unpack_block(data)
+    return GetResult(_GET_STATUS[status], _stored_all(rows, shared), nxt, lo, hi)
 
 
 def batches_to_block(page: tuple[list, int, int] | None) -> bytes:
