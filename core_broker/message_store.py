@@ -658,9 +658,9 @@ class MessageStore(BulkReads):
                 continue
             if m.message_id == message_id:
                 return m
-            m = batch_member_by_id(m, message_id)  # a client id inside a batch record
-            if m is not None:
-                return m
+            inner = batch_member_by_id(m, message_id)  # a client id inside a batch record
+            if inner is not None:
+                return inner
         return None
 
     def query_by_key(

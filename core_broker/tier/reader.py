@@ -277,9 +277,9 @@ class TierReader:
             for m in self._by_index_key("#id#" + message_id, 0, 2**62, 16):
                 if m.message_id == message_id:
                     return m
-                m = batch_member_by_id(m, message_id)  # a client id inside a batch record
-                if m is not None:
-                    return m
+                inner = batch_member_by_id(m, message_id)  # a client id inside a batch record
+                if inner is not None:
+                    return inner
             return None
         try:
             phys = int(message_id[len(prefix) :], 16)
