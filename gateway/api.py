@@ -119,6 +119,12 @@ class Router(Protocol):
     delivery (waking sessions, QoS 0 fan-out). Both are synchronous and must be cheap.
     """
 
+    def routes_from(self, protocol: str) -> bool:
+        """Whether :meth:`route` may name a queue for a message that came in by ``protocol`` now:
+        asked once per run of one protocol in a send, so that a door with nothing to route
+        (its own messages, no bindings) costs nothing per message."""
+        ...
+
     def route(self, message: Message) -> Iterable[DispatchTarget]: ...
 
     def after_send(self, messages: Sequence[Message], results: Sequence[SendResult]) -> None: ...
@@ -127,12 +133,14 @@ class Router(Protocol):
 def route_extra(routers: Sequence[Router], m: Message) -> None:
     """Add to ``m.extra_dispatch`` the queues ``routers`` name for it (each queue once, never
     the message's own): what every implementation of :meth:`MessagingAPI.send` does first."""
-    extra = list(m.extra_dispatch)
+    extra: list[DispatchTarget] | None = None  # made when a router names a queue (most messages: none)
     for router in routers:
         for t in router.route(m):
+            if extra is None:
+                extra = list(m.extra_dispatch)
             if t not in extra and (t.topic, t.queue_id) != (m.topic, m.queue_id):
                 extra.append(t)
-    if len(extra) != len(m.extra_dispatch):
+    if extra is not None and len(extra) != len(m.extra_dispatch):
         m.extra_dispatch = tuple(extra)
 
 

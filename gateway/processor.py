@@ -216,6 +216,8 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         protocol = ctx.protocol
         host = ctx.remote_address
         routers = self._routers
+        routing: Sequence[Router] = ()  # the routers with something to route for last_proto
+        last_proto = None
         brokers: list[str] = []  # per message: the broker its queue is on
         one_broker: str | None = None
         mixed = False
@@ -266,8 +268,11 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                 m.born_host = host
             if not m.born_timestamp_ms:
                 m.born_timestamp_ms = now
-            if routers:
-                self._route_extra(m)
+            if m.protocol is not last_proto and routers:
+                last_proto = m.protocol
+                routing = [r for r in routers if r.routes_from(last_proto)]
+            if routing:
+                route_extra(routing, m)
             if plan.fifo or not plan.nw:  # type: ignore[union-attr]
                 q = plan.select(m)  # type: ignore[union-attr]
             else:  # round robin in runs, inline
@@ -397,9 +402,6 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
     def remove_router(self, router: "Router") -> None:
         if router in self._routers:
             self._routers.remove(router)
-
-    def _route_extra(self, m: Message) -> None:
-        route_extra(self._routers, m)
 
     async def end_transaction(
         self,

@@ -148,10 +148,22 @@ class AmqpBroker:
         self._fq_any = ex is not None and bool(ex.bindings or ex.alternate)
         return vh
 
+    def routes_from(self, protocol: str) -> bool:
+        """Another door's messages reach AMQP queues only while something is bound on amq.topic."""
+        if protocol == "amqp":
+            return False  # routed by the door itself at publish
+        vh = self._fq_vhost
+        if vh is None or vh.version != self._fq_version:
+            vh = self._fq_reset()
+        return vh is not None and self._fq_any
+
     def route(self, m: Message) -> tuple[DispatchTarget, ...]:
         return self._foreign_queues(m)[1]
 
     def after_send(self, messages: Sequence[Message], results: Sequence[SendResult]) -> None:
+        vh = self._fq_vhost
+        if vh is not None and vh.version == self._fq_version and not self._fq_any:
+            return  # nothing bound on amq.topic (decided when the vhost last changed): once per batch
         for m, r in zip(messages, results):
             qs = self._foreign_queues(m)[0]
             if qs:

@@ -431,12 +431,18 @@ class MQTTBroker:
         outs: list[Outgoing | None] = []
         plan_cache = self.routing.plans
         retained = False
+        routing = self.routing
+        last_topic, last_qos, gen, plan = None, -1, -1, None
         for it in items:
             topic = it.topic
             qos = it.qos
-            plan = plan_cache.get((topic, qos))
-            if plan is None:
-                plan = await self.routing.plan(topic, qos, publisher)
+            if topic != last_topic or qos != last_qos or gen != routing.gen or not plan.cacheable:  # type: ignore[union-attr]
+                # (a batch is mostly runs of one topic: its plan is looked up once per run)
+                gen = routing.gen
+                plan = plan_cache.get((topic, qos))
+                if plan is None:
+                    plan = await routing.plan(topic, qos, publisher)
+                last_topic, last_qos = topic, qos
             if plan.wake_groups:
                 wake_groups.update(plan.wake_groups)
             iprops = it.properties
@@ -499,15 +505,8 @@ class MQTTBroker:
             log.warning("mqtt: publish refused: %s", e)
             codes = [C.RC_NOT_AUTHORIZED if e.code in ("FORBIDDEN", "UNAUTHORIZED") else C.RC_UNSPECIFIED_ERROR] \
                 * len(items)
-        sub_ids = Routing.sub_ids
-        tracer = delivery.tracer
-        for out, direct in fast:
-            for sub in direct:
-                conn = sub.session.conn
-                if conn is not None:
-                    conn.deliver(out, 0, sub.rap and out.retain, sub_ids(sub.session, out.topic, sub))
-                    if tracer.on:
-                        trace_delivered(tracer, sub.session, sub.filter, out, 0)
+        if fast:
+            self._deliver_direct(fast)
         for s in wake:
             delivery.wake(s)
         fleet.flush_notes()
@@ -520,9 +519,44 @@ class MQTTBroker:
                     await self.retained.retain(it)
         return codes
 
+    def _deliver_direct(self, fast: list[tuple[Outgoing, tuple[Subscription, ...]]]) -> None:
+        """QoS 0 deliveries of a publish batch straight from memory, in order per subscriber.
+
+        A connection's plain ones (no retain flag, no subscription ids) go out together through
+        :meth:`Connection.deliver_q0` (one write, each message encoded once); any other one first
+        sends what is gathered for that connection, then goes through :meth:`Connection.deliver`.
+        """
+        runs: dict[Connection, list[Outgoing]] = {}
+        tracer = self.delivery.tracer
+        for out, direct in fast:
+            for sub in direct:
+                s = sub.session
+                conn = s.conn
+                if conn is None:
+                    continue
+                if out.retain or s.has_sub_ids:
+                    run = runs.pop(conn, None)
+                    if run:
+                        conn.deliver_q0(run)
+                    conn.deliver(out, 0, sub.rap and out.retain, Routing.sub_ids(s, out.topic, sub))
+                else:
+                    run = runs.get(conn)
+                    if run is None:
+                        runs[conn] = [out]
+                    else:
+                        run.append(out)
+                if tracer.on:
+                    trace_delivered(tracer, s, sub.filter, out, 0)
+        for conn, run in runs.items():
+            conn.deliver_q0(run)
+
     # -- the processor's Router seam: messages sent by other doors (AMQP amq.topic, ...)
 
-    def route(self, m: Message) -> list[DispatchTarget]:
+    def routes_from(self, protocol: str) -> bool:
+        """Every door's messages but the door's own (routed at publish) may reach MQTT subscribers."""
+        return protocol != "mqtt"
+
+    def route(self, m: Message) -> Sequence[DispatchTarget]:
         """Dispatch targets for a message another door is storing with an ``mqtt_topic``.
 
         AMQP's ``amq.topic`` with routing key ``a.b.c`` is stored as MQTT ``a/b/c``
@@ -530,14 +564,14 @@ class MQTTBroker:
         MQTT publish. QoS is the message's ``mqtt_qos`` (1 when absent: stored, acked).
         """
         if m.protocol == "mqtt":
-            return []  # the door routed its own publishes already
+            return ()  # the door routed its own publishes already
         props = m.properties
         topic = props.get(P_TOPIC) if props else None
         if not topic:
-            return []
+            return ()
         subs, groups = self.routing.match(topic)
         if not subs and not groups:
-            return []
+            return ()
         out = outgoing_from_stored(props, m.body, m.topic)
         out.ut = m.topic
         targets: list[DispatchTarget] = []

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.access.traffic import Lease, Meter, QuotaExceededError, TrafficControl
 
 from . import codec as C
-from .codec import Decoder, MQTTProtocolError, encode, encode_properties, encode_publish
+from .codec import Decoder, MQTTProtocolError, encode, encode_properties, encode_publish, encode_publish0
 from .config import MQTTConfig
 from .mapping import Outgoing, now_ms
 from .session import NONE, Inflight, Session
@@ -292,6 +292,51 @@ class Connection:
         pid = s.alloc_pid()
         s.inflight[pid] = Inflight(out, qos, None, 0, None, sub_ids)
         self.send_publish(out, qos, retain, False, pid, sub_ids)
+
+    def deliver_q0(self, outs: list[Outgoing]) -> None:
+        """Send QoS 0 messages of one publish batch (no retain flag, no subscription ids) in one write.
+
+        The fan-in hot path: what :meth:`deliver` does per message (the QoS 0 drop threshold,
+        the delivery counts, the encoding) done in one loop, each message's 3.1.1 encoding
+        kept on the message for its other subscribers (fan-out); a v5 connection takes
+        :meth:`deliver` (properties to build per connection).
+        """
+        if self.closed:
+            return
+        if self.version == C.MQTT_5:
+            for out in outs:
+                self.deliver(out, 0, False, None)
+            return
+        d = self.delivery
+        counts, nbytes = d.out_counts, d.out_bytes
+        room = self.config.qos0_drop_buffer - self.transport.get_write_buffer_size() - self._wsize
+        parts: list[bytes] = []
+        size = 0
+        ut = ""
+        k = nb = 0
+        for out in outs:
+            if size > room:
+                self.counters.qos0_dropped += 1
+                continue
+            data = out.q0
+            if data is None:
+                data = out.q0 = encode_publish0(out.tb, out.payload)
+            parts.append(data)
+            size += len(data)
+            if out.ut is not ut:  # counted for the processor's metrics, per unified topic
+                if k and ut:
+                    counts[ut] = counts.get(ut, 0) + k
+                    nbytes[ut] = nbytes.get(ut, 0) + nb
+                ut = out.ut
+                k = nb = 0
+            k += 1
+            nb += len(out.payload)
+        if k and ut:
+            counts[ut] = counts.get(ut, 0) + k
+            nbytes[ut] = nbytes.get(ut, 0) + nb
+        if parts:
+            self.counters.pub_out += len(parts)
+            self.send(b"".join(parts) if len(parts) > 1 else parts[0])
 
     def send_publish(self, out: Outgoing, qos: int, retain: bool, dup: bool, pid: int,
                      sub_ids: list[int] | None) -> None:

@@ -127,6 +127,24 @@ class Decoder:
                                             f"packet size {self.max_packet_size}")
                 if end > n:
                     break
+                if (b0 == 0x30 or b0 == 0x32) and self._connected and self.version != MQTT_5 and end - i > 2:
+                    # a 3.1.1 QoS 0/1 PUBLISH without flags (the publish hot path), read inline; anything
+                    # unusual in it (bad topic, packet id 0, truncation) is left to _packet to refuse
+                    p = i + 2 + ((buf[i] << 8) | buf[i + 1])
+                    if b0 == 0x30:
+                        q, pid = p, 0
+                    else:
+                        q = p + 2
+                        pid = (buf[p] << 8) | buf[p + 1] if q <= end else 0
+                    if pid or b0 == 0x30:
+                        try:
+                            topic = buf[i + 2 : p].decode("utf-8") if i + 2 < p <= end else ""
+                        except UnicodeDecodeError:
+                            topic = ""
+                        if topic and "\x00" not in topic and "+" not in topic and "#" not in topic and q <= end:
+                            out.append(Publish(topic, buf[q:end], (b0 >> 1) & 3, False, False, pid, None))
+                            pos = end
+                            continue
                 out.append(self._packet(b0, buf, i, end))
                 pos = end
         except MQTTProtocolError as e:

@@ -48,7 +48,7 @@ class Outgoing:
 
     # ``trace``: (message id, topic) of a traced message (adapters/mqtt/tracing.py); left unset,
     # not set to None, so messages pay nothing for it while tracing is off
-    __slots__ = ("topic", "tb", "payload", "qos", "retain", "props", "expiry_at", "_v5", "raw", "ut", "trace")
+    __slots__ = ("topic", "tb", "payload", "qos", "retain", "props", "expiry_at", "_v5", "raw", "ut", "trace", "q0")
 
     def __init__(self, topic: str, payload: bytes, qos: int, retain: bool, props: dict[str, Any] | None,
                  expiry_at: int = 0, tb: bytes | None = None, ut: str = "") -> None:
@@ -64,6 +64,8 @@ class Outgoing:
         self.props = props  # v5 properties to forward (no alias, no subscription ids, no expiry)
         self.expiry_at = expiry_at  # absolute ms, 0 = never
         self._v5: bytes | None = None
+        # its 3.1.1 QoS 0 PUBLISH once built (Connection.deliver_q0): encoded once for every subscriber
+        self.q0: bytes | None = None
         self.raw: dict[str, str] | None = None  # stored properties, when props are still to derive
 
     def v5props(self) -> dict[str, Any] | None:

@@ -64,11 +64,11 @@ class SharedGroup:
 class Plan:
     """Where one PUBLISH goes (see :meth:`Routing.plan`)."""
 
-    __slots__ = ("ut", "tb", "targets", "lmq_subs", "direct", "wake_groups", "matched")
+    __slots__ = ("ut", "tb", "targets", "lmq_subs", "direct", "wake_groups", "matched", "cacheable")
 
     def __init__(self, ut: str, tb: bytes, targets: tuple[DispatchTarget, ...],
                  lmq_subs: tuple[Subscription | None, ...], direct: tuple[Subscription, ...],
-                 wake_groups: tuple[SharedGroup, ...], matched: bool) -> None:
+                 wake_groups: tuple[SharedGroup, ...], matched: bool, cacheable: bool = True) -> None:
         self.ut = ut  # unified topic
         self.tb = tb  # the MQTT topic, encoded
         self.targets = targets  # the LMQs, in the order of lmq_subs
@@ -76,6 +76,9 @@ class Plan:
         self.direct = direct  # QoS 0 deliveries, straight from memory to those online
         self.wake_groups = wake_groups
         self.matched = matched
+        # the same for every PUBLISH of its topic and QoS (no shared group's round robin, no
+        # no-local subscription): reusable while the subscriptions do not change
+        self.cacheable = cacheable
 
 
 class Routing:
@@ -222,7 +225,7 @@ class Routing:
             g.pending += 1
             wake_groups.append(g)
         plan = Plan(self.unified(topic), topic.encode(), tuple(targets), tuple(lmq_subs), tuple(direct),
-                    tuple(wake_groups), bool(subs or groups))
+                    tuple(wake_groups), bool(subs or groups), cacheable)
         if cacheable and gen == self.gen:
             if len(self.plans) > 20000:
                 self.plans.clear()
