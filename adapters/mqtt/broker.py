@@ -506,7 +506,7 @@ class MQTTBroker:
             codes = [C.RC_NOT_AUTHORIZED if e.code in ("FORBIDDEN", "UNAUTHORIZED") else C.RC_UNSPECIFIED_ERROR] \
                 * len(items)
         if fast:
-            self._deliver_direct(fast)
+            delivery.direct(fast)
         for s in wake:
             delivery.wake(s)
         fleet.flush_notes()
@@ -518,37 +518,6 @@ class MQTTBroker:
                 if it.retain and code < 0x80:
                     await self.retained.retain(it)
         return codes
-
-    def _deliver_direct(self, fast: list[tuple[Outgoing, tuple[Subscription, ...]]]) -> None:
-        """QoS 0 deliveries of a publish batch straight from memory, in order per subscriber.
-
-        A connection's plain ones (no retain flag, no subscription ids) go out together through
-        :meth:`Connection.deliver_q0` (one write, each message encoded once); any other one first
-        sends what is gathered for that connection, then goes through :meth:`Connection.deliver`.
-        """
-        runs: dict[Connection, list[Outgoing]] = {}
-        tracer = self.delivery.tracer
-        for out, direct in fast:
-            for sub in direct:
-                s = sub.session
-                conn = s.conn
-                if conn is None:
-                    continue
-                if out.retain or s.has_sub_ids:
-                    run = runs.pop(conn, None)
-                    if run:
-                        conn.deliver_q0(run)
-                    conn.deliver(out, 0, sub.rap and out.retain, Routing.sub_ids(s, out.topic, sub))
-                else:
-                    run = runs.get(conn)
-                    if run is None:
-                        runs[conn] = [out]
-                    else:
-                        run.append(out)
-                if tracer.on:
-                    trace_delivered(tracer, s, sub.filter, out, 0)
-        for conn, run in runs.items():
-            conn.deliver_q0(run)
 
     # -- the processor's Router seam: messages sent by other doors (AMQP amq.topic, ...)
 

@@ -322,6 +322,37 @@ class Delivery:
         else:
             conn.send_publish(out, q, retain, False, pid, sids)
 
+    def direct(self, fast: list[tuple[Outgoing, tuple[Subscription, ...]]]) -> None:
+        """QoS 0 deliveries of a publish batch straight from memory, in order per subscriber.
+
+        A connection's plain ones (no retain flag, no subscription ids) go out together through
+        :meth:`Connection.deliver_q0` (one write, each message encoded once); any other one first
+        sends what is gathered for that connection, then goes through :meth:`Connection.deliver`.
+        """
+        runs: dict[Connection, list[Outgoing]] = {}
+        tracer = self.tracer
+        for out, direct in fast:
+            for sub in direct:
+                s = sub.session
+                conn = s.conn
+                if conn is None:
+                    continue
+                if out.retain or s.has_sub_ids:
+                    run = runs.pop(conn, None)
+                    if run:
+                        conn.deliver_q0(run)
+                    conn.deliver(out, 0, sub.rap and out.retain, self.sub_ids(s, out.topic, sub))
+                else:
+                    run = runs.get(conn)
+                    if run is None:
+                        runs[conn] = [out]
+                    else:
+                        run.append(out)
+                if tracer.on:
+                    trace_delivered(tracer, s, sub.filter, out, 0)
+        for conn, run in runs.items():
+            conn.deliver_q0(run)
+
     async def pump(self, s: Session) -> None:
         """Feed a connected session from its LMQs: in-memory queue first, then the store."""
         try:
