@@ -39,6 +39,7 @@ from .auth import Action, Authorizer, Resource
 from .broker_client import BrokerInfo, ClusterView, TopicRoute
 from .context import RequestContext
 from .metrics import Metrics
+from .trace import Tracer
 
 __all__ = [
     "ACCEPTED_MESSAGE_TYPES", "ArrowPage", "BrokerInfo", "ClusterView", "GroupQueueStats", "ArrowUnavailableError", "CALLS", "MessageTypeMismatchError",
@@ -324,6 +325,7 @@ class MessagingAPI(ProcessorCalls, Protocol):
 
     config: ProcessorConfig
     metrics: Metrics
+    tracer: Tracer  # message traces: doors record deliveries and acks into the same buffer
 
     async def start(self) -> None: ...
 

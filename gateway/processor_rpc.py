@@ -34,6 +34,7 @@ from .api import CALLS, MessagingAPI, Router, SendResult, route_extra
 from .broker_client import QueueRoute, TopicRoute
 from .context import RequestContext
 from .namespace import namespace_of, unwrap, unwrap_result
+from .trace import Tracer
 
 _new_tuple = tuple.__new__
 
@@ -198,6 +199,9 @@ class RemoteProcessor:
         self._checker: Any = None
         self._pollers: list[asyncio.Task] = []
         self._routers: list[Router] = []
+        # a door built on this client traces nothing itself: the gateways the calls go through
+        # trace what passes there
+        self.tracer = Tracer.off()
 
     def add_router(self, router: Router) -> None:
         """A door built on this client routes what is sent through this client (as doors in

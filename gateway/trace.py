@@ -50,7 +50,7 @@ from core_broker.trace_log import ATTR_ENABLED, ATTR_RATE, BROKER_DOOR, sampled,
 from .broker_client import BrokerClient
 
 __all__ = [
-    "BROKER_DOOR", "EVENTS", "TRACE_TOPIC", "Tracer", "parse_events", "sort_timeline", "topic_trace_rate", "tracer_of",
+    "BROKER_DOOR", "EVENTS", "TRACE_TOPIC", "Tracer", "parse_events", "sort_timeline", "topic_trace_rate",
 ]
 
 log = logging.getLogger("unimq.trace")
@@ -97,7 +97,13 @@ def origin_topic(m: Message) -> str:
 class Tracer:
     """The per-process trace recorder: rates per topic, the event buffer and its writer."""
 
-    def __init__(self, broker: BrokerClient, default_rate: float = 0.0, flush_ms: int = 100,
+    @classmethod
+    def off(cls) -> "Tracer":
+        """A tracer that records nothing: a processor that stores nothing itself has one (the
+        client of a remote processor: the gateway it goes through traces what passes there)."""
+        return cls(None, 0.0)
+
+    def __init__(self, broker: BrokerClient | None, default_rate: float = 0.0, flush_ms: int = 100,
                  batch: int = 1024, capacity: int = 50_000, refresh_s: float = 5.0, metrics: Any = None) -> None:
         self.broker = broker
         self.metrics_sink = metrics  # gateway.metrics.Metrics: written and dropped events, per flush
@@ -146,6 +152,8 @@ class Tracer:
 
     async def refresh(self) -> None:
         """Read every topic's attributes (changes made through other gateways arrive so)."""
+        if self.broker is None:
+            return
         try:
             topics = await self.broker.list_topics(False)
         except Exception as e:  # a broker down: keep what is known
@@ -262,6 +270,8 @@ class Tracer:
         t.add_done_callback(self._lookups.discard)
 
     async def _record_looked_up(self, rh: ReceiptHandle, event: str, door: str, fields: dict[str, Any]) -> None:
+        if self.broker is None:
+            return
         try:
             r = await self.broker.pull(rh.broker, rh.topic, rh.queue_id, rh.offset, 1, None, 0)
         except Exception as e:  # gone, or its broker down: no event
@@ -301,6 +311,8 @@ class Tracer:
                 await self.refresh()
 
     async def _trace_broker(self) -> tuple[str, int] | None:
+        if self.broker is None:
+            return None
         route = self.broker.route_nowait(TRACE_TOPIC) or await self.broker.route(TRACE_TOPIC)
         if route is None:
             await self.broker.create_topic(TopicConfig(TRACE_TOPIC, queues=1, system=True), exist_ok=True)
@@ -344,6 +356,7 @@ class Tracer:
             self.dropped += len(buf)
             return 0
         broker, qid = where
+        assert self.broker is not None  # a trace broker was found through it
         records = trace_records(buf, qid)  # (the format brokers write too: core_broker/trace_log.py)
         n = 0
         for i in range(0, len(records), RECORDS_PER_SEND):
@@ -373,14 +386,6 @@ class Tracer:
             await self.flush()
         except Exception:
             log.exception("trace: the last flush failed")
-
-
-def tracer_of(processor: Any) -> Tracer:
-    """A door's tracer: its processor's, or one that is always off (a door on a remote
-    processor, whose gateway traces what passes through it, or on a test's stand-in for the
-    processor: doors take any object with the calls they make, so this one is asked for)."""
-    tracer = getattr(processor, "tracer", None)
-    return tracer if isinstance(tracer, Tracer) else Tracer(None, 0.0)  # type: ignore[arg-type]
 
 
 def parse_events(messages: Iterable[StoredMessage], message_id: str) -> list[dict]:

@@ -25,6 +25,7 @@ from core_broker.model import FilterType, GetResult, GetStatus, MessageType
 from core_broker.topic_config import TopicConfig
 from gateway.api import ArrowPage, ArrowUnavailableError
 from gateway.door import ServerState
+from gateway.trace import Tracer
 from unimq.settings import UnimqSettings
 
 OPERATIONS = {
@@ -50,6 +51,7 @@ class FakeProcessor:
     def __init__(self, arrow: ArrowPage | Exception | None = None) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.arrow = arrow
+        self.tracer = Tracer.off()
 
     async def describe_topic(self, ctx: Any, name: str) -> Any:
         self.calls.append(("describe_topic", name))

@@ -21,6 +21,7 @@ from adapters.cloudevents import push
 from core_broker.errors import TopicNotFoundError
 from core_broker.model import StoredMessage
 from core_broker.pop_service import PoppedMessage
+from gateway.trace import Tracer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -185,6 +186,7 @@ class Processor:
         self.kv: dict[str, bytes] = {}
         self.topic_exists = topic_exists
         self.offsets: dict[tuple[str, str, int], int] = {}
+        self.tracer = Tracer.off()
 
     async def pop(self, ctx: Any, group: str, topic: str, n: int, lease_ms: int, **kw: Any) -> list[PoppedMessage]:
         self.calls.append(("pop", group, topic, n, kw.get("from_latest")))

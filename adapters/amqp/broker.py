@@ -36,7 +36,6 @@ from core_broker.errors import TopicNotFoundError, UnimqError
 from core_broker.model import DispatchTarget, Message
 from gateway.api import MessagingAPI, SendResult
 from gateway.context import RequestContext
-from gateway.trace import tracer_of
 
 from .durable import KV_NS, SEP, args_decode, args_key, binding_key, exchange_key
 from .lease import Lease
@@ -72,7 +71,7 @@ class AmqpBroker:
     def __init__(self, processor: MessagingAPI, settings: Any, identities: Any = None) -> None:
         self.processor = processor
         self.settings = settings
-        self.tracer = tracer_of(processor)  # message traces (adapters/amqp/tracing.py)
+        self.tracer = processor.tracer  # message traces (adapters/amqp/tracing.py)
         # The process's identity store (gateway.access.store.IdentityStore): with users in it,
         # logins are checked against it first and opening a vhost needs a permission in it.
         self.identities = identities

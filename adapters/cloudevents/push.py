@@ -39,7 +39,6 @@ import httpx
 from core_broker.errors import BadRequestError, TopicNotFoundError, UnimqError
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
-from gateway.trace import tracer_of
 
 from .mapping import CE_JSON_CONTENT_TYPE, event_attributes, to_binary_http, to_structured_json
 
@@ -265,9 +264,10 @@ class _Runner:
                 await p.ack(CTX, group, topic, handle)
                 return
             stats[(sid, "failed_attempt")] += 1
-            if self.m.tracer.on:  # the pop, ack and dead-lettering are the processor's events
-                self.m.tracer.message(msg, "retried", "cloudevents", client=CTX.client_id, group=group,
-                                      subscription=sid, attempt=attempt, reason="push failed")
+            tracer = self.m.processor.tracer  # failed push attempts (gateway/trace.py)
+            if tracer.on:  # the pop, ack and dead-lettering are the processor's events
+                tracer.message(msg, "retried", "cloudevents", client=CTX.client_id, group=group,
+                               subscription=sid, attempt=attempt, reason="push failed")
             if attempt >= sub["max_attempts"]:
                 stats[(sid, "dead_lettered")] += 1
                 await p.forward_to_dlq(CTX, group, topic, handle)
@@ -298,7 +298,6 @@ class PushManager:
 
     def __init__(self, processor: MessagingAPI, allowed_hosts: list[str] | None = None) -> None:
         self.processor = processor
-        self.tracer = tracer_of(processor)  # message traces: failed push attempts (gateway/trace.py)
         self.allowed_hosts = list(allowed_hosts or [])
         self.subs: dict[str, dict[str, Any]] = {}
         self.runners: dict[str, _Runner] = {}

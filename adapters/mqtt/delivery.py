@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine
 from core_broker.errors import TopicNotFoundError, UnimqError
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
-from gateway.trace import tracer_of
 from gateway.lmq_reader import LaneRuns, MemoryBudget, commit_floor, committed_floor, pull_lane
 
 from . import codec as C
@@ -74,7 +73,7 @@ class Delivery:
         self.out_counts: dict[str, int] = {}
         self.out_bytes: dict[str, int] = {}  # their payload bytes, likewise
         self.metrics = processor.metrics
-        self.tracer = tracer_of(processor)  # message traces (adapters/mqtt/tracing.py)
+        self.tracer = processor.tracer  # message traces (adapters/mqtt/tracing.py)
 
     def count_out(self) -> None:
         """Add the deliveries counted since the last call to the processor's ``messages_out``

@@ -14,7 +14,6 @@ from typing import Any, Callable, Coroutine
 from core_broker.errors import TopicNotFoundError, UnimqError
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
-from gateway.trace import tracer_of
 
 from .mapping import now_ms, outgoing_from_stored
 from .routing import Routing, SharedGroup
@@ -35,7 +34,7 @@ class SharedDelivery:
         self.ctx = ctx
         self.routing = routing
         self.spawn = spawn
-        self.tracer = tracer_of(processor)  # message traces: deliveries, expiries (adapters/mqtt/tracing.py)
+        self.tracer = processor.tracer  # message traces: deliveries, expiries (adapters/mqtt/tracing.py)
 
     def wake_session(self, s: Session, reconnected: bool = False) -> None:
         """``s`` can take messages again: pump the groups it is a member of (``reconnected``:
