@@ -86,7 +86,7 @@ class ArrowPage(NamedTuple):
     """A pull as one Arrow IPC stream in the Spark table's schema (``gateway/arrow_pages.py``), with the
     media type to serve it as and the read's bounds."""
 
-    data: bytes
+    data: bytes | memoryview
     media_type: str
     next_offset: int
     min_offset: int

@@ -11,6 +11,8 @@ them decoded per message (a map column has no cheaper source).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,8 +26,8 @@ from .batch_codec import Unpacked
 
 __all__ = ["batch_rows"]
 
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-_SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)
+#: Each byte value's two upper-case hex digits, as the uint16 whose memory holds them in order.
+_HEX_PAIRS = np.frombuffer(b"".join(b"%02X" % i for i in range(256)), dtype=np.uint16)
 
 
 def _column(u: Unpacked, col: int, typ: pa.DataType) -> pa.Array:
@@ -34,24 +36,57 @@ def _column(u: Unpacked, col: int, typ: pa.DataType) -> pa.Array:
 
 
 def _server_ids(prefix: str, first_phys: int, a: int, b: int) -> pa.Array:
+    """The store's ids of messages a..b of a batch: ``prefix`` + the 16 hex digits of the
+    record's commitlog offset + the index (one table lookup per byte, no per-digit shifts)."""
     n = b - a
-    ph = np.arange(first_phys + a, first_phys + b, dtype=np.uint64)
-    digits = _HEX[((ph[:, None] >> _SHIFTS) & np.uint64(15)).astype(np.intp)]
+    be = np.arange(first_phys + a, first_phys + b, dtype=">u8").view(np.uint8).reshape(n, 8)
+    digits = _HEX_PAIRS[be].view(np.uint8)  # n x 16 ASCII digits, most significant first
     pre = np.frombuffer(prefix.encode(), dtype=np.uint8)
-    chars = np.concatenate([np.broadcast_to(pre, (n, len(pre))), digits], axis=1).reshape(-1)
     w = len(pre) + 16
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(n + 1, dtype=np.int32) * w),
-                                                  pa.py_buffer(np.ascontiguousarray(chars))])
+    chars = np.empty((n, w), dtype=np.uint8)
+    chars[:, :len(pre)] = pre
+    chars[:, len(pre):] = digits
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(0, (n + 1) * w, w, dtype=np.int32)),
+                                                  pa.py_buffer(chars)])
 
 
 def offs_of(u: Unpacked, col: int, i: int) -> int:
     return u.columns[col][0][i]
 
 
+_CONSTANTS: dict[tuple, pa.Array] = {}
+
+
+def _constant(kind: str, value: object, n: int, make: Callable[[], pa.Array]) -> pa.Array:
+    """An array whose every row is one value, made once per (kind, value, length) and shared
+    (arrays are immutable): most records of a batch topic have the same length, topic, queue,
+    tag and protocol, so a page's constant columns cost a dict lookup, not a C fill each."""
+    key = (kind, value, n)
+    arr = _CONSTANTS.get(key)
+    if arr is None:
+        if len(_CONSTANTS) >= 256:  # bounded: many queues or lengths only cost refills
+            _CONSTANTS.clear()
+        arr = _CONSTANTS[key] = make()
+    return arr
+
+
 def _same(value: str | None, n: int) -> pa.Array:
-    """``n`` times one string (or null), filled in C."""
-    nulls = pa.nulls(n, pa.string())
-    return nulls if value is None else nulls.fill_null(value)
+    """``n`` times one string (or null)."""
+    def make() -> pa.Array:
+        nulls = pa.nulls(n, pa.string())
+        return nulls if value is None else nulls.fill_null(value)
+    return _constant("str", value, n, make)
+
+
+def _empty_lists(n: int) -> pa.Array:
+    return _constant("list", None, n, lambda: pa.ListArray.from_arrays(
+        pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), type=STR_LIST))
+
+
+def _empty_maps(n: int) -> pa.Array:
+    return _constant("map", None, n, lambda: pa.MapArray.from_arrays(
+        pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), pa.array([], pa.string()),
+        type=STR_MAP))
 
 
 def batch_rows(topic: str, queue_id: int, first: int, rec: StoredMessage, lo: int, hi: int) -> pa.RecordBatch:
@@ -66,8 +101,7 @@ def batch_rows(topic: str, queue_id: int, first: int, rec: StoredMessage, lo: in
         gen = _server_ids(rec.message_id[:18], rec.commitlog_offset, a, b)
         mids = pc.if_else(pc.greater(pc.binary_length(mids), 0), mids, gen)
     keys_raw = _column(u, 1, pa.string()).slice(a, n)
-    zeros = pa.array(np.zeros(n + 1, dtype=np.int32))
-    empty_lists = pa.ListArray.from_arrays(zeros, pa.array([], pa.string()), type=STR_LIST)
+    empty_lists = _empty_lists(n)
     if offs_of(u, 1, a) == offs_of(u, 1, b):
         keys = empty_lists
     else:
@@ -76,9 +110,8 @@ def batch_rows(topic: str, queue_id: int, first: int, rec: StoredMessage, lo: in
     base = public_properties({k: v for k, v in rec.properties.items() if not k.startswith("__batch_")})
     offs, data, _ = u.columns[2]
     if offs[b] - offs[a] == 0 and not base:
-        props = pa.MapArray.from_arrays(zeros, pa.array([], pa.string()),
-                                        pa.array([], pa.string()), type=STR_MAP)
-        promoted = [pa.nulls(n, pa.string()) for _ in (MQTT_TOPIC_KEY, *CE_COLUMNS)]
+        props = _empty_maps(n)
+        promoted = [_same(None, n)] * (1 + len(CE_COLUMNS))
     else:  # properties per message: decoded one by one (the map column has no cheaper source)
         dicts = [{**base, **decode_properties(bytes(data[offs[i]:offs[i + 1]]))} for i in range(a, b)]
         lens = np.fromiter((len(d) for d in dicts), dtype=np.int32, count=n)
@@ -89,12 +122,12 @@ def batch_rows(topic: str, queue_id: int, first: int, rec: StoredMessage, lo: in
         promoted = [pa.array([d.get(c) for d in dicts], pa.string()) for c in (MQTT_TOPIC_KEY, *CE_COLUMNS)]
     arrays = [
         _same(topic, n),
-        pa.array(np.full(n, queue_id, dtype=np.int32)),
+        _constant("int32", queue_id, n, lambda: pa.array(np.full(n, queue_id, dtype=np.int32))),
         pa.array(np.arange(lo, hi, dtype=np.int64)),
         mids,
         keys,
         _same(rec.tag, n),
-        pa.nulls(n, pa.string()),
+        _same(None, n),
         _column(u, 0, pa.binary()).slice(a, n),
         props,
         _same(rec.protocol, n),
