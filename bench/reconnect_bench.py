@@ -47,9 +47,9 @@ SUBSCRIBE = Wave("rc", clean=False, topic="rc/{i}/cmd", wait=frozenset({CONNACK,
 RECONNECT = Wave("rc", clean=False, topic=None, wait=frozenset({CONNACK, PUBLISH}), hold=True)
 
 
-def _connect(port: int, cid: str) -> socket.socket:
+def _connect(port: int, cid: str, clean: bool = True) -> socket.socket:
     s = socket.create_connection((HOST, port), timeout=30)
-    s.sendall(connect_pkt(cid, clean=True, keepalive=0))
+    s.sendall(connect_pkt(cid, clean=clean, keepalive=0))
     if s.recv(4)[:2] != b"\x20\x02":
         raise ConnectionError(f"{cid}: no CONNACK")
     return s
@@ -87,7 +87,9 @@ class Live:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
-        self.sub = _connect(self.port, "rc-live-sub")
+        # a persistent session: the pair may land on different gateways, and messages reach a
+        # subscriber at another gateway through its session's queue (README, several gateways)
+        self.sub = _connect(self.port, "rc-live-sub", clean=False)
         self.sub.sendall(subscribe_pkt("rc/live", 1, 1))
         self.pub = _connect(self.port, "rc-live-pub")
         time.sleep(0.5)  # the SUBACK
