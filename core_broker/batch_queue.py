@@ -68,6 +68,11 @@ class BatchConsumeQueue:
         _pack_into(mf.mm, pos - mf.base, phys, size, th, first, count)
         mf.dirty = True
 
+    def entry_at(self, k: int) -> tuple[int, int, int, int, int] | None:
+        """Entry ``k`` (the ``k``-th record of the queue) as (phys, size, tag hash, first offset, count);
+        the tier's segment index copies entries by index."""
+        return self._read(k) if self.min_entry <= k < self.entries else None
+
     def load(self) -> None:
         """Find the last written entry (count > 0) by binary search over the last file with one."""
         self.files.load()

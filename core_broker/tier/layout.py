@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from ..consume_queue import ENTRY_SIZE as CLASSIC_ENTRY_SIZE
+
 
 def segment_key(store_id: str, base: int) -> str:
     return f"{store_id}/segment/{base:020d}"
@@ -67,7 +69,9 @@ class Manifest:
     first_ts: int  # store timestamps (ms) of the segment's first and last records
     last_ts: int
     # [topic, queue id, first queue offset, end queue offset, position of the first entry in
-    # the index object] of every queue with entries here
+    # the index object, entry size] of every queue with entries here: entry size 20 for a
+    # classic queue (one entry per offset), 32 for a batch topic's (one per record,
+    # ``batch_queue.ENTRY``); a manifest from before batch topics has no size (20)
     queues: list[list] = field(default_factory=list)
     # bytes of the keys object (``key_index``); 0: none (a manifest written before it existed,
     # or a segment with no key and no client id)
@@ -80,4 +84,6 @@ class Manifest:
     @classmethod
     def decode(cls, data: bytes) -> "Manifest":
         raw = json.loads(data)
-        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+        m = cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+        m.queues = [q if len(q) > 5 else [*q, CLASSIC_ENTRY_SIZE] for q in m.queues]
+        return m

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import bisect
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from .. import record
+from ..batch_queue import ENTRY as BATCH_ENTRY
 from ..bulk_reads import batch_member_by_id
 from ..consume_queue import ENTRY
 from ..errors import CorruptRecordError
@@ -33,7 +34,19 @@ from .uploader import Uploader
 if TYPE_CHECKING:
     from ..message_store import MessageFilter, MessageStore
 
-Range = tuple[int, int, int, layout.Manifest]  # first offset, end offset, entries' position, manifest
+
+
+class Range(NamedTuple):
+    """A queue's entries in one tier segment."""
+
+    first: int  # queue offsets [first, end)
+    end: int
+    pos: int  # where its entries start in the segment's index object
+    m: layout.Manifest
+    size: int  # entry size: ENTRY.size (one per offset) or BATCH_ENTRY.size (one per record)
+    stop: int  # where its entries end in the index object
+
+
 MAX_SCAN = 4096  # entries one filtered get may skip before answering (as the store's get)
 MAX_SPAN = 8 << 20  # the most segment bytes one get reads
 READ_AHEAD_MAX = 8  # blocks fetched in the background past what a get read, at most
@@ -99,8 +112,10 @@ class TierReader:
             by_queue: dict[tuple[str, int], list[Range]] = {}
             manifests = self.uploader.manifests()
             for m in manifests:
-                for t, q, first, end, pos in m.queues:
-                    by_queue.setdefault((t, q), []).append((first, end, pos, m))
+                starts = sorted(q[4] for q in m.queues) + [m.index_length]
+                for t, q, first, end, pos, size in m.queues:
+                    stop = starts[bisect.bisect_right(starts, pos)]
+                    by_queue.setdefault((t, q), []).append(Range(first, end, pos, m, size, stop))
             for r in by_queue.values():
                 r.sort(key=lambda x: x[0])
             maps = self._maps = (version, by_queue, [m.base for m in manifests], manifests)
@@ -168,7 +183,7 @@ class TierReader:
         all but at least the next segment's first, so that it waits for no GET at a segment
         boundary, and segments of a block or two keep as many blocks in flight as large ones."""
         bs = self.block_size
-        for _first, _end, pos, m in after:
+        for _first, _end, pos, m, *_ in after:
             n = min(max(budget, 1), (m.size - 1) // bs + 1)
             budget -= n
             key = (m.base, "index", pos // bs)
@@ -333,11 +348,26 @@ class TierReader:
     def phys_at(self, topic: str, queue_id: int, offset: int) -> int | None:
         """The commitlog offset a queue entry only the tier holds points at (one ranged read of
         the index object, cached), or None. Blocks on the network: run it on the read workers."""
-        for first, end, pos, m in self._ranges(topic, queue_id):
-            if first <= offset < end:
-                at = pos + (offset - first) * ENTRY.size
-                return ENTRY.unpack(self._read("index", m, at, at + ENTRY.size))[0]
+        for r in self._ranges(topic, queue_id):
+            if r.first <= offset < r.end:
+                return ENTRY.unpack(self._read("index", r.m, *self._entry_span(r, offset)))[0]
         return None
+
+    def _entry_span(self, r: Range, offset: int) -> tuple[int, int]:
+        """Where in ``r``'s index object the entry holding queue offset ``offset`` lies: at its
+        place for a classic queue, found by binary search over first offsets for a batch queue."""
+        if r.size == ENTRY.size:
+            at = r.pos + (offset - r.first) * ENTRY.size
+            return at, at + ENTRY.size
+        lo, hi = 0, (r.stop - r.pos) // r.size - 1
+        while lo < hi:  # the last entry whose first offset <= offset
+            mid = (lo + hi + 1) // 2
+            at = r.pos + mid * r.size
+            if BATCH_ENTRY.unpack(self._read("index", r.m, at, at + r.size))[3] > offset:
+                hi = mid - 1
+            else:
+                lo = mid
+        return r.pos + lo * r.size, r.pos + (lo + 1) * r.size
 
     # ------------------------------------------------------------------ by time
 
@@ -351,22 +381,25 @@ class TierReader:
         per step through the block cache. Blocks on the network: run it on the read workers.
         """
         local_start = self.store.commitlog.min_offset
-        for first, end, pos, m in self._ranges(topic, queue_id):
+        for first, end, pos, m, size, stop in self._ranges(topic, queue_id):
             if m.base >= local_start:
                 break  # still on local disk: the local search covers it
             if m.last_ts < ts_ms:
                 continue
             if m.first_ts >= ts_ms:
                 return first
-            lo, hi = first, end
+            lo, hi = 0, (stop - pos) // size  # over entries (a batch queue's hold several offsets)
             while lo < hi:
                 mid = (lo + hi) // 2
-                if self._store_ts(m, pos + (mid - first) * ENTRY.size) < ts_ms:
+                if self._store_ts(m, pos + mid * size) < ts_ms:
                     lo = mid + 1
                 else:
                     hi = mid
-            if lo < end:
-                return lo
+            if lo * size < stop - pos:
+                if size == ENTRY.size:
+                    return first + lo
+                at = pos + lo * size
+                return BATCH_ENTRY.unpack(self._read("index", m, at, at + size))[3]
         return None
 
     def _store_ts(self, m: layout.Manifest, at: int) -> int:
@@ -376,6 +409,38 @@ class TierReader:
         return record.parse_header(rec, 0).store_ts
 
     # ------------------------------------------------------------------ get
+
+    def _batch_messages(
+        self, entries: list[tuple[int, int, int, int, int]], span: bytes, delta: int, next_off: int, end: int,
+        budget: int, msg_filter: MessageFilter | None, queue: tuple[str, int], out: list[StoredMessage],
+        max_count: int,
+    ) -> tuple[int, int]:
+        """A batch queue's entries in the tier, as the store's ``_get_batches`` answers local ones:
+        each record decoded once, one message per queue offset wanted from ``next_off`` (copies
+        sharing its body, each naming its index in the batch), appended to ``out``; returns the
+        next offset and what is left of the scan budget."""
+        want_all = msg_filter is None or msg_filter.matches_all
+        hashes = None if want_all else msg_filter.tag_hashes  # type: ignore[union-attr]
+        for phys, _size, th, first, n in entries:
+            budget -= 1
+            if (hashes is not None and th not in hashes) or next_off >= first + n:
+                next_off = max(next_off, first + n)
+                continue
+            msg = self._decode(span, phys + delta, phys)
+            if not want_all and not msg_filter.matches(msg.tag, msg.properties):  # type: ignore[union-attr]
+                next_off = first + n
+                continue
+            batch = msg.flags & record.FLAG_BATCH
+            for q in range(max(first, next_off), min(first + n, end)):
+                c = msg.clone() if batch and n > 1 else msg
+                c.topic, c.queue_id, c.queue_offset = queue[0], queue[1], q
+                if batch:
+                    c.properties[record.P_BATCH_INDEX] = str(q - first)
+                out.append(c)
+                next_off = q + 1
+                if len(out) >= max_count:
+                    return next_off, budget
+        return next_off, budget
 
     def get(
         self, topic: str, queue_id: int, offset: int, max_count: int, msg_filter: MessageFilter | None = None
@@ -402,7 +467,8 @@ class TierReader:
         budget = max_count if want_all else max(MAX_SCAN, max_count)
         out: list[StoredMessage] = []
         next_off = offset
-        for i, (first, end, pos, m) in enumerate(ranges):
+        for i, r in enumerate(ranges):
+            first, end, m = r.first, r.end, r.m
             if m.base >= gone:
                 end = min(end, local_min)  # from the local minimum on, the local queue answers
             if next_off >= end:
@@ -411,10 +477,16 @@ class TierReader:
                 if next_off == offset:
                     return GetResult(GetStatus.OFFSET_MOVED, [], first, tier_min, hi)
                 break  # the caller asks again from here
-            n = min(end - next_off, budget)
-            at = pos + (next_off - first) * ENTRY.size
-            raw = self._read("index", m, at, at + n * ENTRY.size)
-            entries = list(ENTRY.iter_unpack(raw))  # (phys, size, tag hash)
+            batches = r.size != ENTRY.size
+            if batches:  # entries per record: from the one holding next_off, each one offset at least
+                at = self._entry_span(r, next_off)[0]
+                raw = self._read("index", m, at, min(r.stop, at + min(end - next_off, budget) * r.size))
+                entries = [e for e in BATCH_ENTRY.iter_unpack(raw) if e[3] < end]  # (phys, size, th, first, n)
+            else:
+                n = min(end - next_off, budget)
+                at = r.pos + (next_off - first) * ENTRY.size
+                raw = self._read("index", m, at, at + n * ENTRY.size)
+                entries = list(ENTRY.iter_unpack(raw))  # (phys, size, tag hash)
             if not entries:
                 break
             # the records of these entries lie in this segment, in order: one read for all of them,
@@ -422,25 +494,29 @@ class TierReader:
             span_start = entries[0][0]
             limit = span_start + max(MAX_SPAN, entries[0][1])
             if entries[-1][0] + entries[-1][1] > limit:
-                entries = entries[: max(1, bisect.bisect_right([p + z for p, z, _ in entries], limit))]
+                entries = entries[: max(1, bisect.bisect_right([e[0] + e[1] for e in entries], limit))]
             span_end = entries[-1][0] + entries[-1][1] - m.base
             span, delta = self._span("segment", m, span_start - m.base, span_end, self.ahead)
             delta -= span_start  # a record's position in ``span``: its commitlog offset + delta
             left = (m.size - 1) // self.block_size - (span_end - 1) // self.block_size  # blocks after the span
             if i + 1 < len(ranges) and left <= self.ahead:
                 self._ahead_into(ranges[i + 1 : i + 1 + self.ahead], self.ahead - left)
-            for qo, (phys, _size, th) in enumerate(entries, next_off):
-                next_off = qo + 1
-                budget -= 1
-                if hashes is not None and th not in hashes:
-                    continue
-                msg = self._decode(span, phys + delta, phys)
-                if not want_all and not msg_filter.matches(msg.tag, msg.properties):  # type: ignore[union-attr]
-                    continue
-                msg.topic, msg.queue_id, msg.queue_offset = topic, queue_id, qo
-                out.append(msg)
-                if len(out) >= max_count:
-                    break
+            if batches:
+                next_off, budget = self._batch_messages(entries, span, delta, next_off, end, budget, msg_filter,
+                                                        (topic, queue_id), out, max_count)
+            else:
+                for qo, (phys, _size, th) in enumerate(entries, next_off):
+                    next_off = qo + 1
+                    budget -= 1
+                    if hashes is not None and th not in hashes:
+                        continue
+                    msg = self._decode(span, phys + delta, phys)
+                    if not want_all and not msg_filter.matches(msg.tag, msg.properties):  # type: ignore[union-attr]
+                        continue
+                    msg.topic, msg.queue_id, msg.queue_offset = topic, queue_id, qo
+                    out.append(msg)
+                    if len(out) >= max_count:
+                        break
             if len(out) >= max_count or budget <= 0:
                 break
         if next_off == offset:

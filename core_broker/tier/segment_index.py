@@ -13,10 +13,13 @@ it, so its entries are complete; retention cannot drop them meanwhile (it waits
 for the upload).
 
 The index object is the concatenation, queue after queue (sorted by topic and
-queue id), of those runs in the local format (``consume_queue.ENTRY``, 20 bytes:
-commitlog offset, size, tag hash); the manifest names per queue the first and
-end offsets and where the run starts in the object. Keys and client message ids
-(the local IndexFile) are not copied yet.
+queue id), of those runs in the local format: ``consume_queue.ENTRY`` (20 bytes:
+commitlog offset, size, tag hash) for a classic queue, ``batch_queue.ENTRY`` (32
+bytes: the same three, then the record's first queue offset and message count)
+for a batch topic's queue, whose entries are per record, not per offset. Both
+begin with the same 20 bytes, so what needs only the record's place reads either
+alike. The manifest names per queue the first and end offsets, where the run
+starts in the object and its entry size (``layout.Manifest.queues``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import record
+from ..batch_queue import ENTRY as BATCH_ENTRY, BatchConsumeQueue
 from ..consume_queue import ENTRY, ConsumeQueue
 from ..light_queue import LightQueue
 from ..mapped_file import MappedFile
@@ -45,41 +49,66 @@ class SegmentIndex:
     sha256: str = ""  # of the whole file
     first_ts: int = 0  # store timestamps (ms) of its first and last records
     last_ts: int = 0
-    queues: list[list] = field(default_factory=list)  # [topic, queue id, first, end, position in data]
+    queues: list[list] = field(default_factory=list)  # [topic, queue id, first, end, position in data, entry size]
     data: bytes = b""  # the index object
 
 
-def _first_at_or_after(cq: ConsumeQueue, phys: int) -> int:
-    """The first queue offset whose entry points at or past commitlog offset ``phys``."""
-    lo, hi = cq.min_offset, cq.max_offset
+def _slots(cq: ConsumeQueue | BatchConsumeQueue) -> tuple[int, int, int]:
+    """(first entry, end entry, entry size) of a queue: a classic queue's entries are its offsets,
+    a batch queue's are its records (each holding one or more offsets)."""
+    if isinstance(cq, BatchConsumeQueue):
+        return cq.min_entry, cq.entries, BATCH_ENTRY.size
+    return cq.min_offset, cq.max_offset, ENTRY.size
+
+
+def _phys_of(cq: ConsumeQueue | BatchConsumeQueue, k: int) -> int | None:
+    """The commitlog offset entry ``k`` points at (None: not held)."""
+    e = cq.entry_at(k) if isinstance(cq, BatchConsumeQueue) else cq.entry(k)
+    return None if e is None else e[0]
+
+
+def _first_at_or_after(cq: ConsumeQueue | BatchConsumeQueue, phys: int) -> int:
+    """The first entry that points at or past commitlog offset ``phys``."""
+    lo, hi, _ = _slots(cq)
     while lo < hi:
         mid = (lo + hi) // 2
-        e = cq.entry(mid)
-        if e is not None and e[0] < phys:
+        p = _phys_of(cq, mid)
+        if p is not None and p < phys:
             lo = mid + 1
         else:
             hi = mid
     return lo
 
 
-def _raw_entries(cq: ConsumeQueue, lo: int, hi: int) -> bytes:
-    """The entries of offsets ``[lo, hi)`` as stored (they may span queue files)."""
+def _raw_entries(cq: ConsumeQueue | BatchConsumeQueue, lo: int, hi: int, size: int) -> bytes:
+    """Entries ``[lo, hi)`` (``size`` bytes each) as stored (they may span queue files)."""
     if isinstance(cq, LightQueue):  # an LMQ's entries are in memory (light_queue.py)
         raw = cq.raw(lo, hi - lo)
-        if len(raw) != (hi - lo) * ENTRY.size:
+        if len(raw) != (hi - lo) * size:
             raise ValueError(f"queue {cq.topic}/{cq.queue_id}: offsets [{lo}, {hi}) are not all held")
         return raw
     out = []
     off = lo
     while off < hi:
-        f = cq.files.find(off * ENTRY.size)
+        f = cq.files.find(off * size)
         if f is None:
-            raise ValueError(f"queue {cq.topic}/{cq.queue_id}: no file holds offset {off}")
-        start = off * ENTRY.size - f.base
-        stop = min(hi * ENTRY.size - f.base, f.size)
+            raise ValueError(f"queue {cq.topic}/{cq.queue_id}: no file holds entry {off}")
+        start = off * size - f.base
+        stop = min(hi * size - f.base, f.size)
+        if stop <= start:
+            raise ValueError(f"queue {cq.topic}/{cq.queue_id}: entry {off} lies past its file")
         out.append(bytes(f.mm[start:stop]))
-        off = (f.base + stop) // ENTRY.size
+        off = (f.base + stop) // size
     return b"".join(out)
+
+
+def _offsets(raw: bytes, lo: int, hi: int, size: int) -> tuple[int, int]:
+    """The queue offsets ``[first, end)`` that entries ``[lo, hi)`` (``raw``) hold."""
+    if size == ENTRY.size:
+        return lo, hi
+    first = BATCH_ENTRY.unpack_from(raw, 0)[3]
+    _, _, _, last_first, count = BATCH_ENTRY.unpack_from(raw, len(raw) - size)
+    return first, last_first + count
 
 
 def build_index(store: "MessageStore", mf: MappedFile) -> SegmentIndex:
@@ -95,11 +124,12 @@ def build_index(store: "MessageStore", mf: MappedFile) -> SegmentIndex:
             hi = _first_at_or_after(cq, mf.end)
             if hi <= lo:
                 continue
-            raw = _raw_entries(cq, lo, hi)
+            size = _slots(cq)[2]
+            raw = _raw_entries(cq, lo, hi, size)
         except ValueError:  # the queue was deleted (its topic dropped) meanwhile
             continue
-        last = max(last, ENTRY.unpack_from(raw, len(raw) - ENTRY.size)[0])
-        ix.queues.append([topic, qid, lo, hi, pos])
+        last = max(last, ENTRY.unpack_from(raw, len(raw) - size)[0])
+        ix.queues.append([topic, qid, *_offsets(raw, lo, hi, size), pos, size])
         parts.append(raw)
         pos += len(raw)
     ix.data = b"".join(parts)

@@ -82,7 +82,7 @@ class TierService:
             return
         ends: dict[tuple[str, int], int] = {}
         for m in manifests:
-            for t, q, _first, end, _pos in m.queues:
+            for t, q, _first, end, *_ in m.queues:
                 ends[(t, q)] = max(ends.get((t, q), 0), end)
         last = manifests[-1]
         store.continue_after(last.base + last.size, ends)

@@ -60,7 +60,7 @@ def tier_report(cfg: StoreConfig, objects: ObjectStore | None = None) -> dict[st
     pending = [(b, size) for b, size in local[:-1] if b not in uploaded]
     tier_min: dict[tuple[str, int], int] = {}
     for m in manifests:
-        for t, q, first, _end, _pos in m.queues:
+        for t, q, first, *_ in m.queues:
             tier_min[(t, q)] = min(first, tier_min.get((t, q), first))
     local_min = _local_queue_mins(data_dir)
     queues = []
