@@ -123,6 +123,9 @@ class PopService:
         self.min_offset: Callable[[str, int], int] = store.min_offset
         self.cold_wanted: list[tuple[str, int, int]] | None = None
         self.cold_phys: dict[tuple[str, int, int], int] = {}
+        # ... and, for one message of a batch record there, its index in the batch (the link
+        # that retries or dead-letters it names it, as ``batch_index_at`` does for local ones)
+        self.cold_batch_index: dict[tuple[str, int, int], int] = {}
         # FIFO: messages redelivered in place (or parked) whose queue entry only the tier holds,
         # read before the pop by ``tier.cold_pops``; taken by ``_read_at`` when delivered.
         self.cold_messages: dict[tuple[str, int, int], StoredMessage] = {}
@@ -406,6 +409,9 @@ class PopService:
         topic, and its index when it is one message of a batch record."""
         props = {} if topic.startswith("%RETRY%") else {P_ORIGIN_TOPIC: topic}
         i = self.store.batch_index_at(topic, qid, off)
+        cold_i = self.cold_batch_index.pop((topic, qid, off), None)
+        if i is None:
+            i = cold_i
         if i is not None:
             props[P_BATCH_INDEX] = str(i)
         return props
@@ -453,6 +459,7 @@ class PopService:
                                   reason="invisible time expired")
             if c.fifo:  # type: ignore[union-attr]
                 self.cold_phys.pop((topic, qid, off), None)  # looked up for a dead letter only
+                self.cold_batch_index.pop((topic, qid, off), None)
                 self.notify(topic)  # redelivered in place by the next pop
                 continue
             phys = self._phys(topic, qid, off)

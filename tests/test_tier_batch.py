@@ -17,18 +17,20 @@ from pathlib import Path
 import pytest
 
 from core_broker.broker_controller import BrokerController
-from core_broker.config import BrokerConfig
+from core_broker.config import BrokerConfig, StoreConfig
 from core_broker.model import GetStatus, Message
 from core_broker.topic_config import TopicConfig
-from gateway.batch_codec import batch_record, expand_all
+from gateway.batch_codec import batch_record, expand, expand_all
 
-from tier_helpers import S3Server, aws_credentials, s3, tier_config, wait_for  # noqa: F401 (fixtures)
+from tier_helpers import S3Server, aws_credentials, s3, tier_config, tiered_broker, wait_for  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("aws_credentials")]
 
 
-async def pull_from(bc: BrokerController, topic: str, qid: int, off: int) -> list[tuple[int, bytes]]:
-    """(queue offset, body) of every message from ``off`` on, batches unpacked as a door does."""
+async def pull_from(bc: BrokerController, topic: str, qid: int, off: int,
+                    ids: list[tuple[str, int]] | None = None) -> list[tuple[int, bytes]]:
+    """(queue offset, body) of every message from ``off`` on, batches unpacked as a door does
+    (their message ids and store timestamps appended to ``ids``)."""
     out: list[tuple[int, bytes]] = []
     while True:
         r = await bc.pull(topic, qid, off, 7, None)
@@ -36,13 +38,30 @@ async def pull_from(bc: BrokerController, topic: str, qid: int, off: int) -> lis
             return out
         assert r.status == GetStatus.FOUND, r
         assert r.next_offset > off
-        out += [(m.queue_offset, bytes(m.body)) for m in expand_all(r.messages)]
+        got = expand_all(r.messages)
+        out += [(m.queue_offset, bytes(m.body)) for m in got]
+        if ids is not None:
+            ids += [(m.message_id, m.store_timestamp_ms) for m in got]
         off = r.next_offset
 
 
+def config(tmp_path: Path, s3: S3Server) -> StoreConfig:
+    return tier_config(tmp_path / "d", s3, s3.new_bucket(), retention_hours=1.0, tier_read_block_bytes=16 << 10)
+
+
+async def retire(bc: BrokerController) -> int:
+    """Wait until every sealed segment is in the tier, then let local retention delete them."""
+    tier = bc.tier
+    assert tier is not None
+    await asyncio.to_thread(wait_for, lambda: tier.backlog() == (0, 0), 30)
+    return bc.store.run_retention(now=time.time() + 10 * 3600)
+
+
 def write(bc: BrokerController, n_batches: int) -> list[bytes]:
-    """Batches of 1 to 12 messages (and single messages) into queue 0 of ``B``, plain messages
-    into ``P``: many small segments, each with both kinds of queue."""
+    """Batches of 1 to 12 messages (and single messages) into queue 0 of the batch topic ``B``,
+    plain messages into ``P``: many small segments, each with both kinds of queue."""
+    bc.create_topic(TopicConfig("B", queues=1, attributes={"batch": "true"}), exist_ok=True)
+    bc.create_topic(TopicConfig("P", queues=1), exist_ok=True)
     bodies: list[bytes] = []
     for i in range(n_batches):
         size = 1 + i % 12
@@ -58,25 +77,18 @@ def write(bc: BrokerController, n_batches: int) -> list[bytes]:
 
 
 def test_batch_topic_segments_upload_and_read_back_from_the_tier(tmp_path: Path, s3: S3Server) -> None:
-    bucket = s3.new_bucket()
-    cfg = tier_config(tmp_path / "d", s3, bucket, retention_hours=1.0, tier_read_block_bytes=16 << 10)
-
     async def main() -> None:
-        bc = BrokerController(cfg, BrokerConfig())
-        await bc.start()
-        tier = bc.tier
-        assert tier is not None
-        try:
-            bc.create_topic(TopicConfig("B", queues=1, attributes={"batch": "true"}), exist_ok=True)
-            bc.create_topic(TopicConfig("P", queues=1), exist_ok=True)
+        async with tiered_broker(config(tmp_path, s3)) as bc:
+            tier = bc.tier
+            assert tier is not None
             bodies = await asyncio.to_thread(write, bc, 150)
             want = list(enumerate(bodies))
-            assert await pull_from(bc, "B", 0, 0) == want
+            ids: list[tuple[str, int]] = []
+            assert await pull_from(bc, "B", 0, 0, ids) == want
             plain = await pull_from(bc, "P", 0, 0)
-            await asyncio.to_thread(wait_for, lambda: tier.backlog() == (0, 0), 30)
+            removed = await retire(bc)
             batch_queues = [q for m in tier.uploader.manifests() for q in m.queues if q[0] == "B"]
             assert batch_queues and all(q[5] == 32 for q in batch_queues)
-            removed = bc.store.run_retention(now=time.time() + 10 * 3600)
             assert removed >= 5 and bc.store.min_offset("B", 0) > 0 and bc.store.min_offset("P", 0) > 0
             assert bc.query_offset("B", 0, "begin") == 0
             gets = tier.reader.gets
@@ -89,7 +101,45 @@ def test_batch_topic_segments_upload_and_read_back_from_the_tier(tmp_path: Path,
                 assert r.status == GetStatus.FOUND and r.next_offset == off + 1, (off, r)
                 got = expand_all(r.messages)
                 assert [(m.queue_offset, bytes(m.body)) for m in got] == [want[off]]
-        finally:
-            await bc.stop()
+            # query by id: a server id names its record's offset + the message's index in the batch
+            local_min = bc.store.min_offset("B", 0)
+            assert bc.query_by_id(ids[3][0]) is None  # gone locally
+            for off in range(0, local_min):
+                m = await bc.query_by_id_async(ids[off][0])
+                assert m is not None, off
+                assert (m.queue_offset, bytes(expand(m).body), expand(m).message_id) == (*want[off], ids[off][0])
+            # by time: the first offset stored at or after a time (a batch's offsets share its record's)
+            for off in range(0, local_min, 7):
+                ts = ids[off][1]
+                expect = min(o for o, (_, t) in enumerate(ids) if t >= ts)
+                assert await bc.query_offset_async("B", 0, "timestamp", ts) == expect, off
+
+    asyncio.run(main())
+
+
+def test_batch_messages_pop_from_the_tier_and_come_back_after_their_invisible_time(
+        tmp_path: Path, s3: S3Server) -> None:
+    """A group behind local retention pops a batch topic from the tier, one message per offset;
+    those it never acks are revived into the retry queue as links naming their index in the
+    batch (looked up in the tier), and delivered again: the same messages, not the batch's first."""
+    async def main() -> None:
+        async with tiered_broker(config(tmp_path, s3), BrokerConfig(max_delivery_attempts=5, retry_backoff_ms=(0,))) as bc:
+            bodies = await asyncio.to_thread(write, bc, 100)
+            assert await retire(bc) >= 3
+            assert bc.store.min_offset("B", 0) > 20
+
+            first = await bc.pop("redo", "B", 16, 300)
+            got = [(p.message.queue_offset, bytes(expand(p.message).body)) for p in first]
+            assert got == list(enumerate(bodies))[:16]
+            want = sorted(b for _, b in got)
+            again: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(again) < 16 and time.monotonic() < deadline:
+                for p in await bc.pop("redo", "B", 32, 60_000):
+                    if p.delivery_attempt > 1:
+                        again.append(bytes(expand(p.message).body))
+                    await bc.ack("redo", p.receipt_handle)
+                await asyncio.sleep(0.05)
+            assert sorted(again) == want
 
     asyncio.run(main())

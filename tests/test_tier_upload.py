@@ -55,8 +55,8 @@ def test_sealed_segments_are_uploaded_whole_and_the_active_one_never(tmp_path: P
             # the index holds exactly the local consume-queue entries that point into the segment
             cq = store._cqs[("T", 0)]
             local = [qo for qo in range(cq.min_offset, cq.max_offset) if mf.base <= cq.entry(qo)[0] < mf.end]
-            ((topic, qid, first, end, pos),) = m.queues
-            assert (topic, qid, first, end) == ("T", 0, local[0], local[-1] + 1)
+            ((topic, qid, first, end, pos, size),) = m.queues
+            assert (topic, qid, first, end, size) == ("T", 0, local[0], local[-1] + 1, CQ_ENTRY.size)
             assert [tuple(e) for e in CQ_ENTRY.iter_unpack(index[pos : pos + (end - first) * CQ_ENTRY.size])] == [
                 cq.entry(qo) for qo in local
             ]

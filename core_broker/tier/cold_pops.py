@@ -94,18 +94,22 @@ class ColdPops:
             return False
         todo, wanted[:] = list(dict.fromkeys(wanted)), []
         for key in todo:
-            phys = await self.tier.run_cold(self._look_up, *key)
+            phys, index = await self.tier.run_cold(self._look_up, *key)
             self.pops.cold_phys[key] = -1 if phys is None else phys
+            if index is not None:
+                self.pops.cold_batch_index[key] = index
         return True
 
-    def _look_up(self, topic: str, qid: int, offset: int) -> int | None:
-        """The entry's record offset; its record (and a link's origin) read too, so the
-        ``put_link`` of the revive that follows finds their blocks in the cache."""
+    def _look_up(self, topic: str, qid: int, offset: int) -> tuple[int | None, int | None]:
+        """The entry's record offset and, inside a batch record, the message's index there; its
+        record (and a link's origin) read too, so the ``put_link`` of the revive that follows
+        finds their blocks in the cache."""
         reader = self.tier.reader
-        phys = reader.phys_at(topic, qid, offset)
-        if phys is not None:
-            try:
-                reader.read_phys(phys)
-            except (CorruptRecordError, ValueError):
-                return None
-        return phys
+        found = reader.locate(topic, qid, offset)
+        if found is None:
+            return None, None
+        try:
+            reader.read_phys(found[0])
+        except (CorruptRecordError, ValueError):
+            return None, None
+        return found

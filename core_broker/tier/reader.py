@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from .. import record
 from ..batch_queue import ENTRY as BATCH_ENTRY
-from ..bulk_reads import batch_member_by_id
+from ..bulk_reads import batch_member, batch_member_by_id
 from ..consume_queue import ENTRY
 from ..errors import CorruptRecordError
 from ..model import GetResult, GetStatus, StoredMessage
@@ -304,9 +304,30 @@ class TierReader:
             return None
         try:
             m = self.read_phys(phys)
-        except (CorruptRecordError, ValueError):  # not a record boundary: not one of our ids
-            return None
+        except (CorruptRecordError, ValueError):  # not a record boundary: a batch's message, or no id
+            return self._batch_member_at(phys)
         return m if m.message_id == message_id else None
+
+    def _batch_member_at(self, phys: int) -> StoredMessage | None:
+        """The message of a batch record in the tier whose server id names ``phys`` (the record's
+        offset + the message's index), or None. The record is found in the segment's batch-queue
+        entries (binary search over their record offsets), not by looking back in its bytes as
+        the local store does: a few cached index blocks rather than up to a message's size."""
+        m = self._manifest_at(phys)
+        if m is None:
+            return None
+        for t, q, _first, _end, pos, size in m.queues:
+            if size == ENTRY.size:
+                continue
+            r = next(r for r in self._ranges(t, q) if r.m is m and r.pos == pos)
+            at = r.pos + self._last_at_or_before(r, 0, phys) * size
+            start, _, _, _, count = BATCH_ENTRY.unpack(self._read("index", m, at, at + size))
+            if start < phys < start + count:
+                try:
+                    return batch_member(self.read_phys(start), phys - start)
+                except (CorruptRecordError, ValueError):
+                    return None
+        return None
 
     # ------------------------------------------------------------------ by key
 
@@ -345,12 +366,18 @@ class TierReader:
                     continue
         return out
 
-    def phys_at(self, topic: str, queue_id: int, offset: int) -> int | None:
-        """The commitlog offset a queue entry only the tier holds points at (one ranged read of
-        the index object, cached), or None. Blocks on the network: run it on the read workers."""
+    def locate(self, topic: str, queue_id: int, offset: int) -> tuple[int, int | None] | None:
+        """(commitlog offset, index inside its batch record or None) of a queue entry only the
+        tier holds, or None (one ranged read of the index object, cached; a batch queue's entry
+        found by binary search). Blocks on the network: run it on the read workers."""
         for r in self._ranges(topic, queue_id):
             if r.first <= offset < r.end:
-                return ENTRY.unpack(self._read("index", r.m, *self._entry_span(r, offset)))[0]
+                at, stop = self._entry_span(r, offset)
+                raw = self._read("index", r.m, at, stop)
+                if r.size == ENTRY.size:
+                    return ENTRY.unpack(raw)[0], None
+                phys, _, _, first, count = BATCH_ENTRY.unpack(raw)
+                return phys, (offset - first if count > 1 else None)
         return None
 
     def _entry_span(self, r: Range, offset: int) -> tuple[int, int]:
@@ -359,15 +386,21 @@ class TierReader:
         if r.size == ENTRY.size:
             at = r.pos + (offset - r.first) * ENTRY.size
             return at, at + ENTRY.size
+        at = r.pos + self._last_at_or_before(r, 3, offset) * r.size
+        return at, at + r.size
+
+    def _last_at_or_before(self, r: Range, field: int, value: int) -> int:
+        """The index of the last of batch-queue run ``r``'s entries whose ``field`` (0: record
+        offset, 3: first queue offset; both grow with the entries) is at most ``value`` (0: none)."""
         lo, hi = 0, (r.stop - r.pos) // r.size - 1
-        while lo < hi:  # the last entry whose first offset <= offset
+        while lo < hi:
             mid = (lo + hi + 1) // 2
             at = r.pos + mid * r.size
-            if BATCH_ENTRY.unpack(self._read("index", r.m, at, at + r.size))[3] > offset:
+            if BATCH_ENTRY.unpack(self._read("index", r.m, at, at + r.size))[field] > value:
                 hi = mid - 1
             else:
                 lo = mid
-        return r.pos + lo * r.size, r.pos + (lo + 1) * r.size
+        return lo
 
     # ------------------------------------------------------------------ by time
 
