@@ -152,12 +152,21 @@ class BulkReads:
 
     def batch_index_at(self, topic: str, queue_id: int, offset: int) -> int | None:
         """The index inside its batch record of the message at a batch queue's offset (None: a
-        record of its own): a link made to it (retry, dead letter) names it."""
+        record of its own): a link made to it (retry, dead letter) names it. A batch of one
+        message is a batch record too (its record says so, not its entry): without the index
+        its link would be read as an LMQ entry's, whose tag-hash field is the index."""
         cq = self._cqs.get((topic, queue_id))
         if not isinstance(cq, BatchConsumeQueue):
             return None
         e = cq.locate(offset)
-        return offset - e[3] if e is not None and e[4] > 1 else None
+        if e is None:
+            return None
+        if e[4] == 1:
+            try:
+                return 0 if self._materialize(e[0]).flags & record.FLAG_BATCH else None
+            except (CorruptRecordError, ValueError):
+                return None
+        return offset - e[3]
 
     def get_raw(
         self, topic: str, queue_id: int, offset: int, max_count: int, max_span: int = 32 << 20

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import CorruptRecordError
 from ..model import StoredMessage
+from ..record import FLAG_BATCH
 from ..system_topics import RETRY_PREFIX
 
 if TYPE_CHECKING:
@@ -109,7 +110,9 @@ class ColdPops:
         if found is None:
             return None, None
         try:
-            reader.read_phys(found[0])
+            m = reader.read_phys(found[0])
         except (CorruptRecordError, ValueError):
             return None, None
+        if not m.flags & FLAG_BATCH:  # a plain message on a batch topic: its link names no index
+            return found[0], None
         return found

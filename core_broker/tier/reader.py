@@ -367,8 +367,8 @@ class TierReader:
         return out
 
     def locate(self, topic: str, queue_id: int, offset: int) -> tuple[int, int | None] | None:
-        """(commitlog offset, index inside its batch record or None) of a queue entry only the
-        tier holds, or None (one ranged read of the index object, cached; a batch queue's entry
+        """(commitlog offset, index inside its batch-queue entry's record, None for a classic
+        queue's entry) of a queue entry only the tier holds, or None (one ranged read of the index object, cached; a batch queue's entry
         found by binary search). Blocks on the network: run it on the read workers."""
         for r in self._ranges(topic, queue_id):
             if r.first <= offset < r.end:
@@ -376,8 +376,8 @@ class TierReader:
                 raw = self._read("index", r.m, at, stop)
                 if r.size == ENTRY.size:
                     return ENTRY.unpack(raw)[0], None
-                phys, _, _, first, count = BATCH_ENTRY.unpack(raw)
-                return phys, (offset - first if count > 1 else None)
+                phys, _, _, first, _count = BATCH_ENTRY.unpack(raw)
+                return phys, offset - first
         return None
 
     def _entry_span(self, r: Range, offset: int) -> tuple[int, int]:
