@@ -318,8 +318,52 @@ def run(ctx: Context) -> list[Row]:
     return rows
 
 
+def copy_bytes(n: int) -> float:
+    """Bytes one routing copy costs a gateway (tracemalloc, in-process): ``n`` records of sessions
+    another gateway holds, each online with one QoS 1 subscription as a fleet device has, fed to a
+    gateway's fleet as its door-state feed brings them (adapters/mqtt/fleet.py)."""
+    import gc
+    import json
+    import tracemalloc
+
+    from adapters.mqtt.broker import MQTTBroker, MQTTConfig
+    from adapters.mqtt.session_store import KV_SESSIONS
+    from core_broker.config import StoreConfig
+    from gateway.deployment import merged_processor
+
+    def record(i: int) -> bytes:
+        return json.dumps({"v": 4, "e": 3600, "n": 1, "d": 0, "s": [[f"fleet/{i}/cmd", 1, 0, 0, 0, 0,
+                           f"%LMQ%mqtt/fleet-{i}/1"]], "q": [], "r": [], "l": {}, "u": None,
+                           "o": "0123456789abcdef", "g": 1, "h": 0}, separators=(",", ":")).encode()
+
+    async def go(data: Path) -> float:
+        p = merged_processor(StoreConfig(data_dir=data, disk_min_free_ratio=0.0, disk_refuse_free_ratio=0.0))
+        b = MQTTBroker(p, MQTTConfig())
+        take = b.fleet._take
+        take({"gateways": ["0123456789abcdef"], "kv": {}, "notes": [], "inc": "i", "seq": 0})
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for first in range(0, n, 1000):
+            items = {f"fleet-{i}": (1, record(i)) for i in range(first, min(first + 1000, n))}
+            take({"gateways": [], "kv": {KV_SESSIONS: items}, "notes": [], "inc": "i", "seq": first})
+            del items
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        return used / n
+
+    with tempfile.TemporaryDirectory() as d:
+        return asyncio.run(go(Path(d)))
+
+
 def main() -> None:
     args = sys.argv[1:]
+    if args[:1] == ["--copies"]:
+        n = int(args[1]) if len(args) > 1 else 20_000
+        print(f"lmq: routing copies: {copy_bytes(n):,.0f} bytes per copy of a session with one QoS 1 "
+              f"subscription ({n:,} copies, tracemalloc)", flush=True)
+        return
     if args[:1] == ["--fleet"]:
         n = int(args[1]) if len(args) > 1 else 100_000
         g = int(args[2]) if len(args) > 2 else None

@@ -224,26 +224,6 @@ class MQTTBroker:
 
     # -- sessions other gateways own (fleet.py)
 
-    def adopt(self, s: Session) -> None:
-        """Take in a routing copy of a session another gateway owns: its subscriptions are routed
-        into (their LMQs exist), nothing of it is read or written here."""
-        self.sessions[s.client_id] = s
-        for sub in s.subs.values():
-            if not sub.group:  # shared groups stay per gateway
-                sub.lmq_ready = sub.lmq is not None
-                self.routing.index(sub)
-        if not s.online:
-            self.session_store.arm_expiry(s, self._expire)
-
-    def copy_refreshed(self, s: Session) -> None:
-        """A routing copy's record changed in place (fleet.py): its expiry is armed while it is
-        offline at its owner, as :meth:`adopt` arms it."""
-        if not s.online:
-            self.session_store.arm_expiry(s, self._expire)
-        elif s.expiry_handle is not None:
-            s.expiry_handle.cancel()
-            s.expiry_handle = None
-
     async def adopt_owned(self, s: Session, brokers: list[str]) -> None:
         """Take in a session this gateway now owns, as stored by its last owner: every broker's
         lane of each subscription is read from its committed floor."""

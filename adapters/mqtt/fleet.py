@@ -14,9 +14,11 @@ How (README "MQTT door", "Several gateways"):
   broker) names its *owner* gateway (``"o"``, a random id per gateway process), a
   claim *epoch* (``"g"``) and whether it is online there (``"d" == 0``).
 - Each gateway long-polls every broker's door-state feed (``core_broker/door_feed.py``)
-  and keeps a *routing copy* of sessions owned elsewhere (subscriptions only:
-  no lanes, no in-flight state; never written back). Retained messages come the
-  same way.
+  and keeps a *routing copy* (``copies.Copy``: owner, epoch, online, expiry and the
+  subscriptions; never written back) of each session owned elsewhere that has
+  subscriptions or is offline there (its expiry is armed here too); of one online
+  without subscriptions only its owner's id (nothing to route; a clean-start CONNECT
+  here must still take it over). Retained messages come the same way.
 - CONNECT for a session this gateway does not own reads the record fresh. If it
   is online at another live gateway, this one writes a *claim* (the record with
   ``o`` = itself, ``g`` + 1) and waits (``mqtt_takeover_timeout_s``) for the old
@@ -63,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -70,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.api import DoorFeed
 
 from .codec import MQTTProtocolError
+from .copies import Copy
 from .retained import KV_RETAINED
 from .session import Session
 from .session_store import KV_SESSIONS
@@ -102,7 +106,9 @@ class Fleet:
         self.feed = self.processor.door_feed()
         self.enabled = self.feed is not None
         self.timeout_s = broker.config.takeover_timeout_s
-        self.seen: dict[tuple[str, str], int] = {}  # (namespace, key) -> newest version taken in
+        self.seen: dict[str, dict[str, int]] = {ns: {} for ns in NAMESPACES}  # namespace -> key -> newest version
+        self.copies: dict[str, Copy] = {}  # client id -> routing copy of a session another gateway holds
+        self.bare: dict[str, str] = {}  # client id -> owner: held online elsewhere, no subscriptions
         self.live: dict[str, float] = {}  # gateway id -> when a broker last saw it polling
         self._claims: dict[tuple[str, int], asyncio.Future[bytes]] = {}  # (client id, epoch) -> release
         self._watchers: dict[str, asyncio.Task[None]] = {}
@@ -182,9 +188,10 @@ class Fleet:
             self.live[g] = now
         try:
             for ns, items in r["kv"].items():
+                seen = self.seen.setdefault(ns, {})
                 for key, (ver, val) in items.items():
-                    if ver > self.seen.get((ns, key), -1):
-                        self.seen[(ns, key)] = ver
+                    if ver > seen.get(key, -1):
+                        seen[key] = ver
                         self._apply(ns, key, val)
             for note in r["notes"]:
                 self._wake(note)
@@ -207,6 +214,7 @@ class Fleet:
             # a session discarded elsewhere; one this gateway holds is discarded by a claim first
             if s is not None and not self.owns(s):
                 self.broker.drop_copy(s)
+            self._drop(key)
             return
         if raw.endswith(b',"h":0}') and self._own in raw:
             return  # this gateway's own write coming back (not a release to it: "h" is 0)
@@ -235,7 +243,7 @@ class Fleet:
                 s.epoch = max(s.epoch, epoch) + 1
                 self.broker.session_store.save_soon(s)
             return
-        self._copy(key, d)
+        self._copy(key, d, online)
 
     def _yields(self, s: Session, owner: str, epoch: int, online: bool) -> bool:
         """Does ``s``, held here, go to ``owner``, whose record of it (``epoch``, ``online``
@@ -256,39 +264,87 @@ class Fleet:
             return epoch > s.epoch
         return not here or owner > self.gid
 
-    def _copy(self, cid: str, d: Any) -> None:
-        """Replace the routing copy of a session another gateway owns (``d``: its parsed record);
-        one whose subscriptions did not change (it went online or offline there) is updated in
-        place, keeping its routing entries."""
-        old = self.broker.sessions.get(cid)
-        if old is not None and not self.owns(old):
+    def _copy(self, cid: str, d: Any, online: bool) -> None:
+        """Replace the routing copy of a session another gateway owns (``d``: its parsed record,
+        naming its owner); one whose subscriptions did not change (it went online or offline
+        there) is updated in place, keeping its routing entries. One online there without
+        subscriptions is only remembered by its owner (nothing to route, no expiry here)."""
+        old = self.copies.get(cid)
+        if old is not None:
+            cid = old.client_id  # one string for the client id, however often its record comes
             try:
-                same = d["s"] == [sub.to_json() for sub in old.subs.values()]
-                if same:
-                    old.take_state(d)
+                if old.same_subs(d):
+                    old.refresh(d, online)
+                    self._arm(old)
+                    return
             except (ValueError, KeyError, TypeError, AttributeError, MQTTProtocolError):
-                same = False
-            if same:
-                self.broker.copy_refreshed(old)
+                pass
+        self._replace(cid, None)
+        try:
+            if online and not d["s"]:
+                self.bare[cid] = sys.intern(d["o"])
                 return
-        s = self._replace(cid, d)
-        if s is not None:
-            self.broker.adopt(s)
+            c = Copy(cid, d, online)
+        except (ValueError, KeyError, TypeError, AttributeError, MQTTProtocolError):
+            return
+        self.copies[cid] = c
+        routing = self.broker.routing
+        for sub in c.subs:
+            if not sub.group:  # shared groups stay per gateway
+                routing.index(sub)
+        self._arm(c)
 
-    def _replace(self, cid: str, record: Any) -> Session | None:
+    def _drop(self, cid: str) -> None:
+        """Forget what this gateway knows of ``cid`` held elsewhere (nothing stored is touched)."""
+        self.bare.pop(cid, None)
+        c = self.copies.pop(cid, None)
+        if c is None:
+            return
+        if c.expiry_handle is not None:
+            c.expiry_handle.cancel()
+            c.expiry_handle = None
+        routing = self.broker.routing
+        for sub in c.subs:
+            if not sub.group:
+                routing.unindex(c, sub)  # type: ignore[arg-type]
+
+    def _arm(self, c: Copy) -> None:
+        """A copy's expiry runs here while it is offline at its owner (the owner may die)."""
+        if not c.online:
+            self.broker.session_store.arm_expiry(c, self._expired)  # type: ignore[arg-type]
+        elif c.expiry_handle is not None:
+            c.expiry_handle.cancel()
+            c.expiry_handle = None
+
+    def _expired(self, c: Copy) -> None:
+        if self.copies.get(c.client_id) is c and not (c.online and self.alive(c.owner)):
+            self.broker.spawn(self._end(c))
+
+    async def _end(self, c: Copy) -> None:
+        """A copy's session expired while offline at its owner: discard it (subscriptions' LMQs,
+        record), as read fresh, unless it changed meanwhile."""
+        raw = await self.broker.session_store.read(c.client_id)
+        if self.copies.get(c.client_id) is not c or c.online or raw is None:
+            return
+        s = self._replace(c.client_id, raw)
+        if s is not None:
+            await self.broker.end_session(s)
+
+    def _replace(self, cid: str, record: bytes | None) -> Session | None:
         """Forget ``cid``'s session here (nothing stored is touched) and read it from ``record``
-        (bytes, or the record parsed; None: unreadable, the client starts anew)."""
+        (None: nothing to read; unreadable: the client starts anew)."""
         old = self.broker.sessions.get(cid)
         if old is not None:
             self.broker.drop_copy(old)
+        self._drop(cid)
+        if record is None:
+            return None
         try:
-            if isinstance(record, bytes):
-                return Session.from_json(cid, record)[0]
-            return Session.from_dict(cid, record)[0]
+            return Session.from_json(cid, record)[0]
         except (ValueError, KeyError, TypeError, AttributeError, MQTTProtocolError):
             return None
 
-    def owns(self, s: Session) -> bool:
+    def owns(self, s: Session | Copy) -> bool:
         return s.owner is None or s.owner == self.gid
 
     async def _release(self, s: Session, owner: str, epoch: int) -> None:
@@ -302,14 +358,14 @@ class Fleet:
         b.wills.cancel(s)  # the session goes on at the new owner: a delayed will is not due
         await b.delivery.commit_offsets()  # its acknowledged floors, before the new owner reads them
         s.handed, s.disconnected_at = epoch, 0
+        raw = s.to_json()
         try:
-            await self.processor.kv_put(b.ctx, KV_SESSIONS, s.client_id, s.to_json())
+            await self.processor.kv_put(b.ctx, KV_SESSIONS, s.client_id, raw)
         finally:
             s.handed = 0
         if b.sessions.get(s.client_id) is s:
             b.drop_copy(s)
-            s.online = True
-            b.adopt(s)  # kept as a routing copy of the new owner's session
+            self._copy(s.client_id, json.loads(raw), True)  # kept as a routing copy of the new owner's
         log.info("mqtt: session %r handed over to gateway %s", s.client_id, owner)
 
     # -- CONNECT
@@ -322,14 +378,13 @@ class Fleet:
             return
         b = self.broker
         s = b.sessions.get(cid)
-        if s is None and clean_start:
-            return  # nothing to continue; a session stored elsewhere would have a copy here
+        if s is None and clean_start and cid not in self.copies and cid not in self.bare:
+            return  # nothing to continue; a session stored elsewhere would be known here
         if s is not None and self.owns(s):
             return  # held here (a takeover here is the one-gateway path)
         raw = await b.session_store.read(cid)
         if raw is None:
-            if s is not None:
-                b.drop_copy(s)
+            self._replace(cid, None)
             return
         try:
             d = json.loads(raw)
@@ -367,11 +422,11 @@ class Fleet:
 
     # -- wakes for sessions online at another gateway
 
-    def remote(self, s: Session) -> bool:
+    def remote(self, s: Session | Copy) -> bool:
         """Is ``s`` a routing copy of a session online at another gateway?"""
         return s.owner is not None and s.owner != self.gid and s.online
 
-    def note(self, broker: str, s: Session, lmq: str, hops: int = 0) -> None:
+    def note(self, broker: str, s: Session | Copy, lmq: str, hops: int = 0) -> None:
         """``broker`` stored a message in ``lmq`` of ``s`` (online elsewhere): tell its owner."""
         per = self._notes.get(broker)
         if per is None:
@@ -402,10 +457,10 @@ class Fleet:
         cid, lmq, broker = note[:3]
         hops = note[3] if len(note) > 3 else 0
         b = self.broker
-        s = b.sessions.get(cid)
+        s: Session | Copy | None = b.sessions.get(cid) or self.copies.get(cid)
         if s is None:
             return  # no subscription here to read by; the owner's CONNECT reads every lane
-        if not self.owns(s):
+        if not isinstance(s, Session) or not self.owns(s):
             # it moved on meanwhile (the sender's copy was older than this one's): passed on to
             # the owner this gateway knows of, a few times at most (copies converge)
             if hops < MAX_HOPS and self.alive(s.owner):  # type: ignore[arg-type]

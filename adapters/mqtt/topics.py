@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from typing import Any, Iterator
 
 from gateway.naming import MQTT_OTHER_TOPIC, mqtt_filter_matches, unified_topic_of_mqtt
@@ -75,12 +76,18 @@ def lmq_safe(name: str) -> str:
     return "h" + hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
+# A node's children or entries until it has some: one shared empty dict, never written to (only
+# TopicTrie.add writes, and it gives the node a dict of its own first). Most nodes of a fleet's
+# trie (one filter per device, fleet.py) have either children or entries, not both: 64 bytes each.
+_NONE: dict[Any, Any] = {}
+
+
 class _Node:
     __slots__ = ("children", "subs")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node] = {}
-        self.subs: dict[Any, Any] = {}  # owner key -> entry
+        self.children: dict[str, _Node] = _NONE
+        self.subs: dict[Any, Any] = _NONE  # owner key -> entry
 
 
 class TopicTrie:
@@ -95,10 +102,15 @@ class TopicTrie:
         for lv in flt.split("/"):
             nxt = node.children.get(lv)
             if nxt is None:
-                nxt = node.children[lv] = _Node()
+                if node.children is _NONE:
+                    node.children = {}
+                # interned: a level many filters share ("cmd" in fleet/<id>/cmd) is held once
+                nxt = node.children[sys.intern(lv)] = _Node()
             node = nxt
         if key not in node.subs:
             self.count += 1
+            if node.subs is _NONE:
+                node.subs = {}
         node.subs[key] = entry
 
     def remove(self, flt: str, key: Any) -> Any:
