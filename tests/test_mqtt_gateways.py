@@ -94,6 +94,31 @@ def test_session_moves_to_another_gateway_and_the_old_connection_is_closed(clust
     new.disconnect()
 
 
+def test_clean_start_takes_over_a_session_without_subscriptions_from_another_gateway(cluster: Cluster) -> None:
+    """A session without subscriptions has no routing copy on the other gateway (only its
+    owner is remembered: adapters/mqtt/copies.py), yet a clean-start CONNECT there still takes
+    it over: the old connection is closed with DISCONNECT 0x8E."""
+    a, b = cluster.gateways
+    cid = "gw-bare"
+    old = RawClient(_port(a), C.MQTT_5)
+    assert old.connect(cid, clean=False, properties={"session_expiry_interval": NEVER}).reason_code == 0
+
+    def taken() -> list[C.Packet]:
+        # until B has its record from the feed, a clean start there is a session of its own
+        new = RawClient(_port(b), C.MQTT_5)
+        assert new.connect(cid, clean=True).reason_code == 0
+        new.send(C.Disconnect(0))
+        new.close()
+        try:
+            return old.closed_by_server(timeout=1.0)
+        except AssertionError:
+            return []
+
+    got = wait_for(taken, what="the clean start on B to take the session over from A")
+    assert any(isinstance(p, C.Disconnect) and p.reason_code == 0x8E for p in got), got
+    old.close()
+
+
 def _acking_reader(raw: RawClient, acked: list[bytes], closed: list[C.Packet]) -> threading.Thread:
     """Read and acknowledge every QoS 1 message until the server closes the connection."""
 

@@ -29,6 +29,9 @@ from .topics import parse_shared
 
 __all__ = ["Copy"]
 
+# The session expiry intervals seen, one int object each (a fleet's devices share a few values)
+_EXPIRIES: dict[int, int] = {}
+
 
 class Copy:
     """A routing copy of a session ``owner`` holds, built from its record (never written back)."""
@@ -61,8 +64,10 @@ class Copy:
         self.owner: str = sys.intern(d["o"])  # a few gateway ids shared by every copy
         self.epoch = int(d.get("g", 0))
         self.online = online
-        self.expiry: int = d["e"]
-        self.disconnected_at: int = d["d"] or int(time.time() * 1000)
+        e = d["e"]
+        self.expiry: int = _EXPIRIES.setdefault(e, e) if len(_EXPIRIES) < 1024 else e
+        # only read while offline there (its expiry runs here): an online copy holds no int of its own
+        self.disconnected_at: int = 0 if online else d["d"] or int(time.time() * 1000)
         self.username: str | None = d.get("u")
 
     def same_subs(self, d: Any) -> bool:
