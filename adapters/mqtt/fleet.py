@@ -373,7 +373,8 @@ class Fleet:
     async def claim(self, cid: str, clean_start: bool) -> None:
         """Before CONNECT ``cid`` is handled: make this gateway the owner of its persistent
         session, taking it over from another gateway (see the module doc). A clean start only
-        needs it when the feed brought a copy (the session it discards lives elsewhere)."""
+        needs it when the feed told of the session (a copy, or its owner: the session it
+        discards lives elsewhere)."""
         if not self.enabled:
             return
         b = self.broker
