@@ -202,10 +202,16 @@ class MQTTBroker:
     async def _load(self) -> None:
         """Rebuild retained messages and persistent sessions written before a restart."""
         await self.retained.load()
+        fleet = self.fleet
         for s, lanes in await self.session_store.load():
+            # a session another gateway owned (with a fleet: every one, this gateway's id is new) is
+            # a routing copy until its CONNECT claims it, and the claim reads its lanes' floors then
+            # (adopt_owned): reading them here too cost every start a few RPCs per session, one after
+            # another, before the MQTT port opened (issue 21)
+            restore = not fleet.enabled or fleet.owns(s)
             for sub in s.subs.values():
                 self.routing.index(sub)
-                if sub.lmq and not sub.group:
+                if restore and sub.lmq and not sub.group:
                     await self.delivery.restore_lanes(s, sub, lanes.get(sub.lmq) or [])
             self.session_store.arm_expiry(s, self._expire)
         if self.sessions:
