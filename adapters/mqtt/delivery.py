@@ -129,21 +129,15 @@ class Delivery:
             brokers.update((await self.processor.query_route(self.ctx, lmq)).brokers)
         except UnimqError:
             pass
-        order = sorted(brokers)
-        # every broker's floor at once: a reconnect after a restart waits for one round trip, not one per broker
-        floors = await asyncio.gather(*(self._floor(lmq, b) for b in order))
-        for b, start in zip(order, floors):
+        for b in sorted(brokers):
             key = (lmq, b)
+            try:
+                start = await committed_floor(self.processor, self.ctx, OFFSET_GROUP, lmq, b)
+            except UnimqError:
+                start = 0
             s.cursors[key] = Cursor(b, start, must_pull=True)
             self._lane_brokers.add(b)
             s.pending[key] = 1
-
-    async def _floor(self, lmq: str, broker: str) -> int:
-        """``lmq``'s lane on ``broker``: its committed floor (0 when the broker cannot say)."""
-        try:
-            return await committed_floor(self.processor, self.ctx, OFFSET_GROUP, lmq, broker)
-        except UnimqError:
-            return 0
 
     def resume(self, s: Session) -> None:
         """A session is connected again: every lane may have something in the store."""
