@@ -402,15 +402,24 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             overall = cv.status(Code.MULTIPLE_RESULTS, f"{len(failed)} of {len(results)} entries failed")
         return spb.AckMessageResponse(status=overall, entries=results)
 
-    @_unary(spb.ChangeInvisibleDurationResponse)
-    async def ChangeInvisibleDuration(
-        self, request: spb.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
-    ) -> spb.ChangeInvisibleDurationResponse:
+    async def _receipt_request(
+        self,
+        request: spb.ChangeInvisibleDurationRequest | spb.ForwardMessageToDeadLetterQueueRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> tuple[RequestContext, str, str]:
+        """The caller, group and topic of a request about one received message (its receipt handle)."""
         ctx, _ = await self._ctx(context)
         group = self._group(request.group)
         topic = self._topic(request.topic)
         if not request.receipt_handle:
             raise cv.InvalidMessage(Code.INVALID_RECEIPT_HANDLE, "receipt handle is required")
+        return ctx, group, topic
+
+    @_unary(spb.ChangeInvisibleDurationResponse)
+    async def ChangeInvisibleDuration(
+        self, request: spb.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ChangeInvisibleDurationResponse:
+        ctx, group, topic = await self._receipt_request(request, context)
         invisible = cv.duration_ms(request.invisible_duration)
         if invisible < 0:
             raise cv.InvalidMessage(Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must not be negative")
@@ -422,11 +431,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     async def ForwardMessageToDeadLetterQueue(
         self, request: spb.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
     ) -> spb.ForwardMessageToDeadLetterQueueResponse:
-        ctx, _ = await self._ctx(context)
-        group = self._group(request.group)
-        topic = self._topic(request.topic)
-        if not request.receipt_handle:
-            raise cv.InvalidMessage(Code.INVALID_RECEIPT_HANDLE, "receipt handle is required")
+        ctx, group, topic = await self._receipt_request(request, context)
         await self.processor.forward_to_dlq(ctx, group, topic, await self.renewer.release(request.receipt_handle))
         return spb.ForwardMessageToDeadLetterQueueResponse(status=cv.OK)
 
