@@ -29,6 +29,7 @@ def test_every_admin_action_and_its_exit_codes(unimq_server: Any) -> None:
         h.post("/v1/topics/jobs/messages", content=b"job")
         h.post("/v1/topics/jobs/groups/workers/pop", params={"invisible_s": 0.2})  # never acked: dead-lettered
     dev = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="meter-1", clean_session=False)
+    dev.reconnect_delay_set(min_delay=120, max_delay=120)  # stays away once disconnected below
     dev.connect("127.0.0.1", srv.ports["mqtt"])
     dev.loop_start()
     dev.subscribe("meters/#", 1)

@@ -22,7 +22,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from .admin_client import EXIT_ERROR, EXIT_USAGE, add_common, call, exit_code, print_error
+from .admin_client import EXIT_ERROR, EXIT_USAGE, add_common, call, exit_code, print_error, unreachable
 
 __all__ = ["add_parsers", "run"]
 
@@ -185,8 +185,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         got = _user_call(args) if args.command == "user" else _acl_call(args)
     except (urllib.error.URLError, OSError) as e:
-        print(f"unimq: error: cannot reach {args.endpoint}: {getattr(e, 'reason', e)}", file=sys.stderr)
-        return EXIT_ERROR
+        return unreachable(args, e)
     if isinstance(got, int):
         return got
     status, body = got

@@ -21,11 +21,10 @@ import urllib.parse
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
-from .admin_client import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, add_common, call, exit_code
+from .admin_client import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, add_common, call, exit_code, print_error, unreachable
 
 __all__ = ["add_parser", "run"]
 
-EXIT_FAILED = 1
 API = "/v1/admin"
 
 
@@ -253,11 +252,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         status, body = call(args, method, API + path, payload)
     except (urllib.error.URLError, OSError) as e:
-        print(f"unimq: error: cannot reach {args.endpoint}: {getattr(e, 'reason', e)}", file=sys.stderr)
-        return EXIT_FAILED
+        return unreachable(args, e)
     if status >= 400:
-        err = body if isinstance(body, dict) else {}
-        print(f"unimq: error: {err.get('error', status)}: {err.get('message', '')}", file=sys.stderr)
+        print_error(status, body)
         return EXIT_USAGE if status == 400 else exit_code(status)
     found = body.get("items") if isinstance(body, dict) and args.admin_command == "messages" else None
     if isinstance(body, dict) and args.admin_command == "messages" and args.messages_command == "trace":

@@ -13,11 +13,12 @@ import argparse
 import base64
 import json
 import os
+import sys
 import urllib.error
 import urllib.request
 from typing import Any
 
-__all__ = ["DEFAULT_ENDPOINT", "ENDPOINT_ENV", "add_common", "call", "exit_code", "print_error"]
+__all__ = ["DEFAULT_ENDPOINT", "ENDPOINT_ENV", "add_common", "call", "exit_code", "print_error", "unreachable"]
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
 # Set once in a shell instead of --endpoint on every command (as kubectl's KUBECONFIG or mc's MC_HOST_*).
@@ -78,8 +79,12 @@ def exit_code(status: int) -> int:
     return {401: EXIT_DENIED, 403: EXIT_DENIED, 404: EXIT_NOT_FOUND, 409: EXIT_EXISTS}.get(status, EXIT_ERROR)
 
 
-def print_error(status: int, body: Any) -> None:
-    import sys
+def unreachable(args: argparse.Namespace, e: OSError) -> int:
+    """Say the server could not be reached (why, as the OS or urllib put it); the exit code to return."""
+    print(f"unimq: error: cannot reach {args.endpoint}: {getattr(e, 'reason', e)}", file=sys.stderr)
+    return EXIT_ERROR
 
+
+def print_error(status: int, body: Any) -> None:
     err = body if isinstance(body, dict) else {}
     print(f"unimq: error: {err.get('error', status)}: {err.get('message', '')}", file=sys.stderr)

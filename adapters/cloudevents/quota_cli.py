@@ -20,7 +20,7 @@ import urllib.error
 import urllib.parse
 from typing import Any
 
-from .admin_client import EXIT_ERROR, EXIT_USAGE, add_common, call, exit_code, print_error
+from .admin_client import EXIT_ERROR, EXIT_USAGE, add_common, call, exit_code, print_error, unreachable
 
 __all__ = ["add_parser", "run"]
 
@@ -93,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         got = _call(args)
     except (urllib.error.URLError, OSError) as e:
-        print(f"unimq: error: cannot reach {args.endpoint}: {getattr(e, 'reason', e)}", file=sys.stderr)
-        return EXIT_ERROR
+        return unreachable(args, e)
     if isinstance(got, int):
         return got
     status, body = got

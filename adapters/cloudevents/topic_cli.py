@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import urllib.error
 import urllib.parse
 from typing import Any
 
-from .admin_client import add_common, call
+from .admin_client import add_common, call, print_error, unreachable
 
 TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "COMPACTED")
 
@@ -127,12 +126,9 @@ def run(args: argparse.Namespace) -> int:
         else:  # pragma: no cover - argparse rejects others
             raise AssertionError(cmd)
     except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        print(f"unimq: error: cannot reach {args.endpoint}: {reason}", file=sys.stderr)
-        return 1
+        return unreachable(args, e)
     if status >= 400:
-        err = body if isinstance(body, dict) else {}
-        print(f"unimq: error: {err.get('error', status)}: {err.get('message', '')}", file=sys.stderr)
+        print_error(status, body)
         return 1
     if args.json:
         print(json.dumps(body, indent=2) if body is not None else "{}")
