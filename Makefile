@@ -93,7 +93,7 @@ run: $(STAMP)
 
 test: $(STAMP_TEST)
 	@$(MAKE) --no-print-directory apt-deps NEED_JAVA=1
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # Against a running unimq (`make run` in another terminal).
 demo: $(STAMP_DEMO)
