@@ -48,10 +48,12 @@ from .config import MQTTConfig
 from .connection import Connection
 from .delivery import Delivery
 from .fleet import Fleet
+from .tail import Tail
 from .tracing import delivered as trace_delivered, mark_sent as trace_mark_sent
 from .mapping import (
     P_EXPIRY_AT,
     P_MQTT_CLIENT_ID,
+    P_ORIGIN,
     P_QOS,
     P_TOPIC,
     QOS_STR,
@@ -122,6 +124,7 @@ class MQTTBroker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.sys = SysTopics(self, cfg.sys_interval_s, _version())
         self.fleet = Fleet(self)  # several gateways sharing these sessions
+        self.tail = Tail(self)  # ... and what other gateways store for subscribers only this one serves
         self.session_store.gid = self.fleet.gid if self.fleet.enabled else None
         if self.fleet.enabled:  # the feed does not bring this gateway's own record writes back
             self.session_store.batch.writer = self.fleet.gid
@@ -139,6 +142,7 @@ class MQTTBroker:
         await self._load()
         self.delivery.start()
         await self.fleet.start()
+        await self.tail.start()
         self.sys.start()
         self.processor.add_router(self)  # messages other doors send on MQTT topics
 
@@ -169,6 +173,7 @@ class MQTTBroker:
         if self.identities is not None and self._identities_changed in self.identities.listeners:
             self.identities.listeners.remove(self._identities_changed)
         self.processor.remove_router(self)
+        await self.tail.stop()
         await self.fleet.stop()
         await self.sys.stop()
         for conn in list(self.connections):
@@ -362,6 +367,8 @@ class MQTTBroker:
             elif sub.lmq and not sub.lmq_ready:
                 await self._ensure_lmq(sub.lmq)
                 sub.lmq_ready = True
+        # several gateways: what the others store for these subscriptions is read from now on
+        await self.tail.subscribed(s, [sub for sub, existed in new_subs if not existed])
         if changed and s.persistent:
             # stored before the SUBACK: other gateways route by the stored record (fleet.py)
             await self.session_store.save(s)
@@ -390,6 +397,7 @@ class MQTTBroker:
             if sub is None:
                 codes.append(C.RC_NO_SUBSCRIPTION_EXISTED)
                 continue
+            self.tail.unsubscribed(s, sub)
             lmq = self._unindex_sub(s, sub)
             if lmq:
                 await self.delivery.delete_lmq(lmq)
@@ -419,6 +427,7 @@ class MQTTBroker:
         retained = False
         routing = self.routing
         last_topic, last_qos, gen, plan = None, -1, -1, None
+        stamp = self.tail.stamp if self.tail.several else None  # several gateways: the origin of each
         for it in items:
             topic = it.topic
             qos = it.qos
@@ -443,6 +452,8 @@ class MQTTBroker:
                 retained = retained or it.retain
                 if USER_KEYS in props:  # MQTT 5 user property "keys": the message keys (query by key)
                     keys = tuple(k for k in props[USER_KEYS].split(",") if k)
+            if stamp is not None:
+                props[P_ORIGIN] = stamp(plan.ut)
             msgs.append(Message(plan.ut, it.payload, properties=props, protocol="mqtt", extra_dispatch=plan.targets,
                                 keys=keys))
             out = None
@@ -524,6 +535,8 @@ class MQTTBroker:
         topic = props.get(P_TOPIC) if props else None
         if not topic:
             return ()
+        if self.tail.several:  # other gateways deliver it to their subscribers from their tails
+            props[P_ORIGIN] = self.tail.stamp(m.topic)
         subs, groups = self.routing.match(topic)
         if not subs and not groups:
             return ()
@@ -701,6 +714,7 @@ class MQTTBroker:
             return
         self.fleet.new_owner(s)
         conn.attach(s, pkt)
+        self.tail.attach(s)
         cprops: dict[str, Any] = {}
         if v5:
             if assigned:
@@ -758,6 +772,7 @@ class MQTTBroker:
         if s is None or s.conn is not conn:
             return
         s.conn = None
+        self.tail.detach(s)
         s.disconnected_at = now_ms()
         self.delivery.offline(s)
         # shared in-flight messages go back to the group at once

@@ -31,12 +31,14 @@ P_CONTENT_TYPE = "mqtt_content_type"
 P_RESPONSE_TOPIC = "mqtt_response_topic"
 P_CORRELATION = "mqtt_correlation_data"  # base64
 P_PAYLOAD_FORMAT = "mqtt_payload_format"
+# several gateways: the gateway that stored the message and its number there (adapters/mqtt/tail.py)
+P_ORIGIN = "mqtt_gw"
 QOS_STR = ("0", "1", "2")
 # The MQTT 5 user property whose value (comma-separated) becomes the message's keys, so query by
 # key (the console's message search, ``unimq admin messages search --key``) finds MQTT messages.
 USER_KEYS = "keys"
 MQTT_KEYS = frozenset({P_MQTT_CLIENT_ID, P_TOPIC, P_QOS, P_RETAIN, P_EXPIRY_AT, P_CONTENT_TYPE, P_RESPONSE_TOPIC, P_CORRELATION,
-                       P_PAYLOAD_FORMAT})
+                       P_PAYLOAD_FORMAT, P_ORIGIN})
 
 
 def now_ms() -> int:

@@ -1,0 +1,105 @@
+"""Several gateways: clean sessions, QoS 0 and shared subscriptions across gateways (issue 21;
+adapters/mqtt/tail.py, adapters/mqtt/fleet_share.py).
+
+Real processes (one nameserver, two brokers, two gateways started with the documented
+command) and real paho clients: a subscriber on one gateway must get what a publisher on
+the other sends, in order and once, as on one gateway.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Iterator
+
+import pytest
+
+from conftest import TEST_STORE_ARGS
+from mqtt_fixtures import Paho, wait_for
+from unimq.local_cluster import Cluster, Proc, write_toml
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+NEVER = 0xFFFFFFFF
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("mqtt-gws-clean")
+    gw = write_toml(root / "gateway.toml", {"mqtt_takeover_timeout_s": 5.0}, {})
+    c = Cluster(root, brokers=2, gateways=2, gateway_toml=gw, extra_broker_args=TEST_STORE_ARGS).start()
+    yield c
+    c.stop()
+
+
+def _port(g: Proc) -> int:
+    return g.ports["mqtt"]
+
+
+def _reaches(pub: Paho, sub: Paho, topic: str) -> None:
+    """Wait until ``pub``'s publishes reach ``sub`` (the gateways see each other alive within a
+    second or two of starting), then let what is still on its way arrive and drop it."""
+
+    def one() -> bool:
+        pub.publish(topic, b"probe-" + uuid.uuid4().hex.encode(), qos=0)
+        try:
+            sub.get(timeout=0.5)
+            return True
+        except AssertionError:
+            return False
+
+    wait_for(one, timeout=30.0, what=f"{topic} to reach the other gateway's subscriber")
+    while True:
+        try:
+            sub.get(timeout=1.5)
+        except AssertionError:
+            break
+
+
+def test_clean_subscriber_gets_another_gateways_qos0_and_qos1_in_order_once(cluster: Cluster) -> None:
+    a, b = cluster.gateways
+    sub = Paho(_port(a), "clean-sub-" + uuid.uuid4().hex[:6])  # clean session, 3.1.1
+    sub.subscribe("cleanx/#", qos=1)
+    pub = Paho(_port(b))
+    _reaches(pub, sub, "cleanx/probe")
+    sent = []
+    for i in range(40):
+        body = f"m-{i}".encode()
+        pub.publish(f"cleanx/dev/{i % 3}", body, qos=i % 2)
+        sent.append((body, i % 2))
+    got = sub.get_n(len(sent))
+    assert [(m.payload, m.qos) for m in got] == sent  # in order, QoS as published (under the sub's 1)
+    sub.nothing(1.5)  # none twice
+    # a publisher on the subscriber's own gateway: delivered there once, not again from the tail
+    local = Paho(_port(a))
+    local.publish("cleanx/local", b"here", qos=1)
+    assert sub.get().payload == b"here"
+    sub.nothing(1.5)
+    # an unsubscribe stops it
+    unsubacks: list[int] = []
+    sub.c.on_unsubscribe = lambda c, u, mid, rcs, props: unsubacks.append(mid)
+    sub.c.unsubscribe("cleanx/#")
+    wait_for(lambda: unsubacks, what="the UNSUBACK")
+    pub.publish("cleanx/after", b"not for you", qos=1)
+    pub.publish("cleanx/after", b"not for you", qos=0)
+    sub.nothing(2.0)
+    for c in (sub, pub, local):
+        c.disconnect()
+
+
+def test_qos0_reaches_a_persistent_session_on_the_other_gateway_once(cluster: Cluster) -> None:
+    """A persistent session's QoS 0 deliveries come from the tail; its QoS 1 ones through its
+    queue (the publishing gateway's routing copy) -- each once."""
+    a, b = cluster.gateways
+    sub = Paho(_port(a), "pers-" + uuid.uuid4().hex[:6], v5=True, clean=False, session_expiry=NEVER)
+    sub.subscribe("persq/#", qos=1)
+    sub.subscribe("persz/#", qos=0)
+    pub = Paho(_port(b))
+    _reaches(pub, sub, "persz/probe")
+    pub.publish("persq/x", b"q1", qos=1)  # queue path
+    pub.publish("persq/x", b"q0", qos=0)  # QoS 0: tail
+    pub.publish("persz/x", b"z1", qos=1)  # downgraded to the subscription's 0: tail
+    got = sorted((m.payload, m.qos) for m in sub.get_n(3))
+    assert got == [(b"q0", 0), (b"q1", 1), (b"z1", 0)]
+    sub.nothing(1.5)
+    sub.disconnect()
+    pub.disconnect()
