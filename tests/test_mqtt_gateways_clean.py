@@ -103,3 +103,41 @@ def test_qos0_reaches_a_persistent_session_on_the_other_gateway_once(cluster: Cl
     sub.nothing(1.5)
     sub.disconnect()
     pub.disconnect()
+
+
+def test_shared_group_across_two_gateways_gets_each_message_once(cluster: Cluster) -> None:
+    a, b = cluster.gateways
+    probe_sub, probe_pub = Paho(_port(b)), Paho(_port(a))
+    probe_sub.subscribe("shrprobe/#", qos=0)
+    _reaches(probe_pub, probe_sub, "shrprobe/x")  # both gateways see each other alive
+    probe_sub.disconnect()
+    probe_pub.disconnect()
+    # a member on A only, publishes through B (a gateway without members): every one to it
+    members = [Paho(_port(a), "shr-a-" + uuid.uuid4().hex[:6])]
+    members[0].subscribe("$share/grp/shr/#", qos=1)
+    pubs = [Paho(_port(a)), Paho(_port(b))]
+    first = [f"only-a-{i}".encode() for i in range(10)]
+    for i, body in enumerate(first):
+        pubs[1].publish("shr/dev/x", body, qos=i % 2)
+    assert sorted(m.payload for m in members[0].get_n(len(first))) == sorted(first)
+    members[0].nothing(1.5)
+    # members on both gateways, publishes through both
+    members.append(Paho(_port(b), "shr-b-" + uuid.uuid4().hex[:6]))
+    members[1].subscribe("$share/grp/shr/#", qos=1)
+    sent = []
+    for i in range(60):
+        body = f"s-{i}".encode()
+        pubs[i % 2].publish(f"shr/dev/{i % 5}", body, qos=(i // 2) % 2)  # QoS 0 and 1 through both
+        sent.append(body)
+    got: list[bytes] = []
+    wait_for(lambda: len(members[0].received) + len(members[1].received) >= len(sent), timeout=30.0,
+             what="every message at one of the members")
+    for m in members:  # what each one got, and nothing more within 1.5 s
+        while True:
+            try:
+                got.append(m.get(timeout=1.5).payload)
+            except AssertionError:
+                break
+    assert sorted(got) == sorted(sent)  # each message once, in the whole fleet
+    for c in members + pubs:
+        c.disconnect()

@@ -93,6 +93,9 @@ class Routing:
         self.plans: dict[tuple[str, int], Plan] = {}  # (topic, qos) -> plan (see plan)
         self.gen = 0  # bumped whenever subscriptions change (plans made before are stale)
         self._unified: dict[str, str] = {}  # MQTT topic -> unified topic (cache)
+        # several gateways: groups whose filter names a first level are served fleet-wide from
+        # the store topic (fleet_share.py), not by this gateway's dispatch
+        self.fleet_groups = False
 
     # -- the index
 
@@ -157,7 +160,8 @@ class Routing:
         groups: list[SharedGroup] = []
         for e in self.trie.match(topic):
             if isinstance(e, SharedGroup):
-                groups.append(e)
+                if not self.fleet_groups or e.filter[0] in "+#$":
+                    groups.append(e)
                 continue
             cid = e.session.client_id
             cur = best.get(cid)

@@ -35,6 +35,8 @@ class SharedDelivery:
         self.routing = routing
         self.spawn = spawn
         self.tracer = processor.tracer  # message traces: deliveries, expiries (adapters/mqtt/tracing.py)
+        # several gateways: what fleet_share.py's in-flight entries name -> (consumer group, topic)
+        self.fleet_pops: dict[str, tuple[str, str]] = {}
 
     def wake_session(self, s: Session, reconnected: bool = False) -> None:
         """``s`` can take messages again: pump the groups it is a member of (``reconnected``:
@@ -111,6 +113,13 @@ class SharedDelivery:
             g.pumping = False
 
     async def ack(self, s: Session, f: Inflight) -> None:
+        fp = self.fleet_pops.get(f.lmq) if f.lmq and f.receipt is not None else None
+        if fp is not None:
+            try:
+                await self.processor.ack(self.ctx, fp[0], fp[1], f.receipt)  # type: ignore[arg-type]
+            except UnimqError as e:
+                log.debug("mqtt: shared ack failed: %s", e)
+            return
         g = self.routing.group_of(f.lmq or "")
         if g is None or f.receipt is None:
             return
@@ -122,6 +131,13 @@ class SharedDelivery:
             self.wake(g)
 
     async def release(self, s: Session, f: Inflight) -> None:
+        fp = self.fleet_pops.get(f.lmq) if f.lmq and f.receipt is not None else None
+        if fp is not None:  # back to the fleet's group at once
+            try:
+                await self.processor.change_invisible(self.ctx, fp[0], fp[1], f.receipt, 0)  # type: ignore[arg-type]
+            except UnimqError as e:
+                log.debug("mqtt: shared release failed: %s", e)
+            return
         g = self.routing.group_of(f.lmq or "")
         if g is None or f.receipt is None:
             return

@@ -40,12 +40,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from core_broker.errors import TopicNotFoundError, UnimqError
 from core_broker.model import GetStatus, StoredMessage
-from gateway.naming import unified_topic_of_mqtt
 
+from .fleet_share import WILD, FleetShares, demand_key
 from .mapping import P_MQTT_CLIENT_ID, P_ORIGIN, P_RETAIN, P_TOPIC, now_ms, outgoing_from_stored
 from .routing import Routing
 from .session import Session, Subscription
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("unimq.mqtt")
 
-__all__ = ["Tail", "GAP_S", "MAX_HELD", "WILD"]
+__all__ = ["Tail", "GAP_S", "MAX_HELD"]
 
 GAP_S = 0.5  # how long a missing sequence number (or an origin's first message) is waited for
 MAX_HELD = 10_000  # messages waiting per origin and store topic; past it they go out as they are
@@ -64,14 +64,6 @@ BATCH = 128  # messages per pull
 LIST_S = 5.0  # wildcard demand: how often the store topics are listed
 CHECK_S = 1.0  # how often the manager looks at the fleet (other gateways alive?) and routes
 MAX_SEQ_TOPICS = 100_000  # store topics with a stamp counter; past it the counters start a new epoch
-WILD = "+"  # the demand key of filters whose first level is a wildcard
-
-
-def demand_key(flt: str) -> str:
-    """The store topic a filter's messages are in, or :data:`WILD` for every one."""
-    first = flt.split("/", 1)[0]
-    return WILD if first in ("+", "#") else unified_topic_of_mqtt(flt)
-
 
 class _Order:
     """One origin's messages in one store topic, put back in the origin's sequence."""
@@ -189,6 +181,7 @@ class Tail:
         self._manager: asyncio.Task[None] | None = None
         self.dropped = 0  # clean sessions' QoS 1/2 deliveries dropped over the in-flight bound
         self.delivered = 0
+        self.shares = FleetShares(broker)  # shared subscriptions' groups across the fleet
 
     # -- lifecycle
 
@@ -223,6 +216,7 @@ class Tail:
         f = self.fleet
         gid = f.gid
         self.several = any(g != gid and f.alive(g) for g in f.live)
+        self.shares.follow(self.several)
         if not self.several:
             for tt in self.tails.values():
                 tt.stop()
@@ -268,6 +262,7 @@ class Tail:
         keys = self._held[s] = [demand_key(sub.filter) for sub in s.subs.values() if not sub.group]
         for k in keys:
             self._want(k)
+        self._groups(s.subs.values())
 
     async def subscribed(self, s: Session, subs: list[Subscription]) -> None:
         """New subscriptions of ``s`` (connected here); returns once their tails read from the
@@ -275,7 +270,7 @@ class Tail:
         if not self.fleet.enabled:
             return
         keys = self._held.setdefault(s, [])
-        waits = []
+        waits = self._groups(subs)
         for sub in subs:
             if sub.group:
                 continue
@@ -286,6 +281,17 @@ class Tail:
                 waits.append(w)
         if waits:
             await asyncio.wait(waits, timeout=10.0)
+
+    def _groups(self, subs: Iterable[Subscription]) -> list[asyncio.Future[None]]:
+        """Wake the fleet-wide pumps of the shared groups among ``subs``."""
+        groups = self.broker.routing.groups
+        waits = []
+        for sub in subs:
+            g = groups.get((sub.group, sub.filter)) if sub.group else None
+            w = self.shares.wake(g) if g is not None else None
+            if w is not None:
+                waits.append(w)
+        return waits
 
     def unsubscribed(self, s: Session, sub: Subscription) -> None:
         keys = self._held.get(s)
