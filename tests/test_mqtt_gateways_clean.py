@@ -14,7 +14,8 @@ from typing import Iterator
 import pytest
 
 from conftest import TEST_STORE_ARGS
-from mqtt_fixtures import Paho, wait_for
+from adapters.mqtt import codec as C
+from mqtt_fixtures import Paho, RawClient, wait_for
 from unimq.local_cluster import Cluster, Proc, write_toml
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -53,6 +54,16 @@ def _reaches(pub: Paho, sub: Paho, topic: str) -> None:
             sub.get(timeout=1.5)
         except AssertionError:
             break
+
+
+def _fleet(a: Proc, b: Proc) -> None:
+    """Wait until ``a`` and ``b`` see each other alive (a publish through ``a`` reaches a
+    subscriber on ``b``: ``a`` stamps what it stores, ``b`` tails)."""
+    sub, pub = Paho(_port(b)), Paho(_port(a))
+    sub.subscribe("fleetprobe/#", qos=0)
+    _reaches(pub, sub, "fleetprobe/x")
+    sub.disconnect()
+    pub.disconnect()
 
 
 def test_clean_subscriber_gets_another_gateways_qos0_and_qos1_in_order_once(cluster: Cluster) -> None:
@@ -107,11 +118,7 @@ def test_qos0_reaches_a_persistent_session_on_the_other_gateway_once(cluster: Cl
 
 def test_shared_group_across_two_gateways_gets_each_message_once(cluster: Cluster) -> None:
     a, b = cluster.gateways
-    probe_sub, probe_pub = Paho(_port(b)), Paho(_port(a))
-    probe_sub.subscribe("shrprobe/#", qos=0)
-    _reaches(probe_pub, probe_sub, "shrprobe/x")  # both gateways see each other alive
-    probe_sub.disconnect()
-    probe_pub.disconnect()
+    _fleet(a, b)
     # a member on A only, publishes through B (a gateway without members): every one to it
     members = [Paho(_port(a), "shr-a-" + uuid.uuid4().hex[:6])]
     members[0].subscribe("$share/grp/shr/#", qos=1)
@@ -141,3 +148,40 @@ def test_shared_group_across_two_gateways_gets_each_message_once(cluster: Cluste
     assert sorted(got) == sorted(sent)  # each message once, in the whole fleet
     for c in members + pubs:
         c.disconnect()
+
+
+def test_a_filter_with_a_wildcard_first_level_gets_other_gateways_messages(cluster: Cluster) -> None:
+    """``+/...`` and ``#`` need every store topic: the tail lists them, and reads one made after
+    the subscription from its start."""
+    a, b = cluster.gateways
+    _fleet(a, b)
+    sub = Paho(_port(a))
+    sub.subscribe("+/wildx/#", qos=1)
+    pub = Paho(_port(b))
+    topic = "wt" + uuid.uuid4().hex[:8] + "/wildx/1"  # a store topic made after the SUBSCRIBE
+    pub.publish(topic, b"first", qos=1)
+    assert sub.get(timeout=30.0).payload == b"first"
+    sent = [f"w-{i}".encode() for i in range(10)]
+    for i, body in enumerate(sent):
+        pub.publish(topic, body, qos=i % 2)
+    assert [m.payload for m in sub.get_n(len(sent))] == sent
+    sub.nothing(1.5)
+    sub.disconnect()
+    pub.disconnect()
+
+
+def test_a_clean_client_id_connecting_at_another_gateway_closes_the_old_connection(cluster: Cluster) -> None:
+    a, b = cluster.gateways
+    _fleet(b, a)  # b tells a
+    cid = "dup-" + uuid.uuid4().hex[:6]
+    old = RawClient(_port(a), C.MQTT_5)
+    assert old.connect(cid, clean=True).reason_code == 0
+    new = RawClient(_port(b), C.MQTT_5)
+    assert new.connect(cid, clean=True).reason_code == 0
+    got = old.closed_by_server()
+    assert any(isinstance(p, C.Disconnect) and p.reason_code == 0x8E for p in got), got
+    old.close()
+    # the new connection stays
+    new.send(C.PingReq())
+    assert new.recv_type(C.PingResp)
+    new.close()

@@ -456,6 +456,9 @@ class Fleet:
 
     def _wake(self, note: list[Any]) -> None:
         cid, lmq, broker = note[:3]
+        if lmq is None:  # [cid, None, ms]: another gateway's CONNECT of that client id (tail.py)
+            self.broker.tail.connected_elsewhere(cid, broker)
+            return
         hops = note[3] if len(note) > 3 else 0
         b = self.broker
         s: Session | Copy | None = b.sessions.get(cid) or self.copies.get(cid)

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Iterable
 from core_broker.errors import TopicNotFoundError, UnimqError
 from core_broker.model import GetStatus, StoredMessage
 
+from .codec import RC_SESSION_TAKEN_OVER
 from .fleet_share import WILD, FleetShares, demand_key
 from .mapping import P_MQTT_CLIENT_ID, P_ORIGIN, P_RETAIN, P_TOPIC, now_ms, outgoing_from_stored
 from .routing import Routing
@@ -171,6 +172,9 @@ class Tail:
         self.several = False  # other live gateways in the fleet: stamp publishes, run tails
         self.demand: dict[str, int] = {}  # store topic (or WILD) -> subscriptions of sessions connected here
         self._held: dict[Session, list[str]] = {}  # session connected here -> its demand keys
+        self._since: dict[Session, int] = {}  # session connected here -> when (ms)
+        self._kicks: list[list[object]] = []  # CONNECTs here not yet told to the other gateways
+        self._brokers: list[str] = []  # the brokers the fleet's notes go through
         self.tails: dict[str, _TopicTail] = {}
         self._wild_since = 0  # ms: when the wildcard demand began
         self._wild: set[str] = set()  # the store topics the last listing found (wildcard demand)
@@ -217,6 +221,8 @@ class Tail:
         gid = f.gid
         self.several = any(g != gid and f.alive(g) for g in f.live)
         self.shares.follow(self.several)
+        if self.several and f.feed is not None:
+            self._brokers = sorted(await f.feed.door_brokers())
         if not self.several:
             for tt in self.tails.values():
                 tt.stop()
@@ -259,6 +265,9 @@ class Tail:
         CONNECT resumes was subscribed before, and its tails may start in the background)."""
         if not self.fleet.enabled:
             return
+        self._since[s] = now_ms()
+        if self.several:
+            self._kick(s.client_id)
         keys = self._held[s] = [demand_key(sub.filter) for sub in s.subs.values() if not sub.group]
         for k in keys:
             self._want(k)
@@ -304,6 +313,7 @@ class Tail:
 
     def detach(self, s: Session) -> None:
         """``s`` is no longer connected here."""
+        self._since.pop(s, None)
         for k in self._held.pop(s, ()):
             self._unwant(k)
 
@@ -337,6 +347,45 @@ class Tail:
             tt = self.tails.pop(k, None)
             if tt is not None:
                 tt.stop()
+
+    # -- one connection per client id in the fleet
+
+    def _kick(self, cid: str) -> None:
+        """A CONNECT of ``cid`` here: the other gateways close an older connection of it (MQTT
+        wants client ids unique; a persistent session's takeover does this through its record,
+        fleet.py, a clean session has none)."""
+        if not self._kicks:
+            self.broker.spawn(self._send_kicks())
+        self._kicks.append([cid, None, now_ms()])
+
+    async def _send_kicks(self) -> None:
+        await asyncio.sleep(0)  # every CONNECT of this loop turn in one note list
+        kicks, self._kicks = self._kicks, []
+        f = self.fleet
+        feed = f.feed
+        if feed is None or not kicks:
+            return
+        for g in [g for g in f.live if g != f.gid and f.alive(g)]:
+            for b in self._brokers:  # through any broker the other gateway watches
+                try:
+                    await feed.door_notify(b, g, kicks)
+                    break
+                except Exception as e:
+                    log.debug("mqtt tail: CONNECT notes to %s via %s: %s", g, b, e)
+
+    def connected_elsewhere(self, cid: str, at_ms: int) -> None:
+        """Another gateway took a CONNECT of ``cid`` at ``at_ms``: a clean session's connection
+        here made before that is closed, as a takeover on one gateway closes it."""
+        b = self.broker
+        s = b.sessions.get(cid)
+        if s is None or s.persistent or s.conn is None:
+            return  # (a persistent session moves by its record: fleet.py)
+        since = self._since.get(s)
+        if since is None or since >= at_ms:
+            return  # connected here after that CONNECT: this one is the newest
+        conn = s.conn
+        conn.close(RC_SESSION_TAKEN_OVER, "session taken over", publish_will=True)
+        b.detach(conn)
 
     # -- stamps on what this gateway publishes
 
