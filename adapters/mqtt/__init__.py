@@ -15,5 +15,8 @@ Modules, one concept each, bottom up:
   ``gateway.lmq_reader``); ``shared``: shared subscriptions' pop/ack delivery.
 - ``connection``: one network connection, a thin loop around codec and state.
 - ``broker``: the door tying them (CONNECT, SUBSCRIBE, publishing, the router seam).
+- Several gateways: ``fleet`` / ``copies`` (persistent sessions, routing copies), ``tail``
+  (clean sessions and QoS 0: other gateways' messages read from the store topics),
+  ``fleet_share`` (shared subscriptions' groups across the fleet).
 - ``sys_topics``: ``$SYS`` statistics; ``server``: the asyncio listeners.
 """

@@ -56,8 +56,8 @@ are how; what keeps them from being lost:
 A gateway that died gets no notes: its sessions wait in the store for their next
 CONNECT anywhere, which reads every lane from its committed floor.
 
-Not covered (documented): clean (non-persistent) sessions and QoS 0 deliveries
-stay per gateway, and so do shared subscriptions' groups.
+Clean (non-persistent) sessions and QoS 0 deliveries across gateways: tail.py;
+shared subscriptions' groups: fleet_share.py.
 """
 
 from __future__ import annotations

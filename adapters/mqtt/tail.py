@@ -244,12 +244,12 @@ class Tail:
         for name in [n for n in self.tails if not self._wanted(n)]:
             self.tails.pop(name).stop()
         for name in [k for k in self.demand if k != WILD] + sorted(self._wild):
-            tt = self.tails.get(name)
-            if tt is None:
+            cur = self.tails.get(name)
+            if cur is None:
                 # a topic a later listing found was made after the wildcard demand began
                 direct = name in self.demand or first_listing
-                tt = self.tails[name] = _TopicTail(self, name, now_ms() if direct else self._wild_since, direct)
-            await tt.position()  # (again: queues that appeared since, a new topic, a new broker)
+                cur = self.tails[name] = _TopicTail(self, name, now_ms() if direct else self._wild_since, direct)
+            await cur.position()  # (again: queues that appeared since, a new topic, a new broker)
         now = time.monotonic()
         for tt in self.tails.values():
             for key in [k for k, o in tt.orders.items() if not o.held and now - o.seen > 60.0]:
