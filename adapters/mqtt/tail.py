@@ -436,7 +436,6 @@ class Tail:
                 o.timer = asyncio.get_running_loop().call_later(GAP_S, self._flush, o)
         else:  # its gap was given up on: late, but not lost
             self._deliver(m)
-        self.broker.delivery.count_out()
 
     def _flush(self, o: _Order) -> None:
         """What waited :data:`GAP_S` goes out in sequence; the numbers missing are given up."""
