@@ -204,6 +204,7 @@ class Tail:
         for tt in self.tails.values():
             tt.stop()
         self.tails.clear()
+        self.shares.follow(False)  # the pumps end now, not at their next long poll
 
     async def _manage(self) -> None:
         while True:
@@ -219,15 +220,17 @@ class Tail:
         """Follow the fleet: tails run while another gateway is alive, on every topic in demand."""
         f = self.fleet
         gid = f.gid
-        self.several = any(g != gid and f.alive(g) for g in f.live)
-        self.shares.follow(self.several)
-        if self.several and f.feed is not None:
-            self._brokers = sorted(await f.feed.door_brokers())
-        if not self.several:
+        several = any(g != gid and f.alive(g) for g in f.live)
+        if several != self.several:
+            self._recount(several)
+        self.shares.follow(several)
+        if not several:
             for tt in self.tails.values():
                 tt.stop()
             self.tails.clear()
             return
+        if f.feed is not None:
+            self._brokers = sorted(await f.feed.door_brokers())
         first_listing = False
         if self.demand.get(WILD):
             now = time.monotonic()
@@ -255,6 +258,25 @@ class Tail:
             for key in [k for k, o in tt.orders.items() if not o.held and now - o.seen > 60.0]:
                 del tt.orders[key]
 
+    def _recount(self, several: bool) -> None:
+        """The fleet went from one gateway to several (the sessions connected here are counted
+        from now on: what they need is tailed) or back (nothing is counted: one gateway alone
+        pays nothing for this)."""
+        self.several = several
+        self.demand.clear()
+        self._held.clear()
+        self._since.clear()
+        if several:
+            for s in self.broker.sessions.values():
+                if s.conn is not None:
+                    keys = self._held[s] = [demand_key(sub.filter) for sub in s.subs.values() if not sub.group]
+                    for k in keys:
+                        self.demand[k] = self.demand.get(k, 0) + 1
+                    self._since[s] = 0  # connected before any CONNECT another gateway tells of now
+            if self.demand.get(WILD):
+                self._wild_since = now_ms()
+                self._listed = 0.0
+
     def _wanted(self, topic: str) -> bool:
         return self.demand.get(topic, 0) > 0 or (self.demand.get(WILD, 0) > 0 and topic in self._wild)
 
@@ -263,11 +285,10 @@ class Tail:
     def attach(self, s: Session) -> None:
         """``s`` is connected here now: its subscriptions are in demand (no waiting: what a
         CONNECT resumes was subscribed before, and its tails may start in the background)."""
-        if not self.fleet.enabled:
-            return
+        if not self.several:
+            return  # (counted when the fleet becomes several: _recount)
         self._since[s] = now_ms()
-        if self.several:
-            self._kick(s.client_id)
+        self._kick(s.client_id)
         keys = self._held[s] = [demand_key(sub.filter) for sub in s.subs.values() if not sub.group]
         for k in keys:
             self._want(k)
@@ -276,7 +297,7 @@ class Tail:
     async def subscribed(self, s: Session, subs: list[Subscription]) -> None:
         """New subscriptions of ``s`` (connected here); returns once their tails read from the
         end (before the SUBACK: a message another gateway stores after it reaches them)."""
-        if not self.fleet.enabled:
+        if not self.several:
             return
         keys = self._held.setdefault(s, [])
         waits = self._groups(subs)
