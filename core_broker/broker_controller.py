@@ -367,7 +367,9 @@ class BrokerController(MessageQueries, DoorStateKv):
         self, msgs: Sequence[Message], *, transactional: bool = False, producer_group: str = ""
     ) -> list[tuple[PutResult, str | None]]:
         """Store messages whose queue the caller chose. Returns (result, transaction id)."""
-        self.durability.check_writable()  # a replica, or too few in-sync replicas: refused unwritten
+        durability = self.durability
+        if durability.waits:  # only then can anything refuse a write (a replica condition)
+            durability.check_writable()  # a replica, or too few in-sync replicas: refused unwritten
         if not transactional:
             for m in msgs:
                 if m.delivery_time_ms:  # maybe one to schedule: the general path decides
@@ -378,13 +380,13 @@ class BrokerController(MessageQueries, DoorStateKv):
                     r = store.put_nowait(msgs[0])
                     if self._waiters:
                         self._notify_sent(msgs)
-                    if self.durability.waits:
+                    if durability.waits:
                         await store.wait_durable(r)
                     return [(r, None)]
                 results = store.put_batch_nowait(msgs)
                 if self._waiters:
                     self._notify_sent(msgs)
-                if self.durability.waits:
+                if durability.waits:
                     # written in order under the store lock: the last record ends furthest
                     await store.wait_durable(results[-1])
                 return [(r, None) for r in results]

@@ -36,15 +36,14 @@ class DurabilityPolicy:
         self.sync_flush = sync_flush
         self._flush_wait = flush_wait
         self.replicas: ReplicaCondition | None = None
-
-    @property
-    def waits(self) -> bool:
-        """False when an acknowledgement needs nothing after the write (async flush, no replicas):
-        the hot paths then skip the wait coroutine altogether."""
-        return self.sync_flush or self.replicas is not None
+        # False when an acknowledgement needs nothing after the write (async flush, no replicas):
+        # the hot paths then skip the wait coroutine altogether. A plain attribute, kept in step
+        # by set_replica_condition (the only writer of ``replicas``): every send reads it.
+        self.waits = sync_flush
 
     def set_replica_condition(self, cond: ReplicaCondition | None) -> None:
         self.replicas = cond
+        self.waits = self.sync_flush or cond is not None
 
     def check_writable(self) -> None:
         cond = self.replicas

@@ -18,6 +18,15 @@ class Metrics:
     def inc_topic(self, name: str, protocol: str, topic: str, n: int = 1) -> None:
         self.topic_counters[(name, protocol, topic)] += n
 
+    def count_in(self, protocol: str, topic: str, n: int, nbytes: int) -> None:
+        """``n`` messages of ``nbytes`` body bytes sent to ``topic`` through ``protocol``'s door
+        (one call for the four counters: every send of every door counts here)."""
+        c, tc = self.counters, self.topic_counters
+        c[("messages_in", protocol)] += n
+        c[("bytes_in", protocol)] += nbytes
+        tc[("messages_in", protocol, topic)] += n
+        tc[("bytes_in", protocol, topic)] += nbytes
+
     def count_out(self, protocol: str, topic: str, n: int, nbytes: int) -> None:
         """``n`` messages of ``nbytes`` body bytes delivered from ``topic`` through ``protocol``'s door."""
         c, tc = self.counters, self.topic_counters

@@ -61,6 +61,7 @@ __all__ = [
 log = logging.getLogger("unimq.processor")
 
 _tuple_new = tuple.__new__
+_NONE_FAILED: frozenset[str] = frozenset()  # a send's failed brokers until one fails (copied before use)
 _PUB, _SUB, _TOPIC, _GROUP = Action.PUBLISH, Action.SUBSCRIBE, Resource.TOPIC, Resource.GROUP
 
 
@@ -164,7 +165,8 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         is not at hand without a round trip (then :meth:`_send_plan`)."""
         if topic[:1] == "%" and not is_lmq(topic):
             raise BadRequestError(f"topic {topic!r} is reserved for the broker")
-        self._check(ctx, _PUB, _TOPIC, topic)
+        if not self._allow_all:  # every send asks: the out-of-the-box broker pays no call
+            self._check(ctx, _PUB, _TOPIC, topic)
         route = self._route_nowait(topic)
         if route is None:
             return None
@@ -199,8 +201,11 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         (a :class:`TopicPlan`); per message only the checks that depend on the message.
         """
         n = len(messages)
-        if n == 1 and not transactional and (lingered := await self._lingered(ctx, messages)) is not None:
-            return lingered  # gathered into a batch (batch.linger_ms): processor_bulk.py
+        if n == 1 and not transactional:
+            # only a batch topic with a linger gathers single sends: asked without a coroutine first
+            lp = self._plans.get(messages[0].topic)
+            if lp is not None and lp.linger and (lingered := await self._lingered(ctx, messages)) is not None:
+                return lingered  # gathered into a batch (batch.linger_ms): processor_bulk.py
         if not n:
             raise BadRequestError("nothing to send")
         if n > self.config.max_batch:
@@ -211,6 +216,12 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         states: dict[str, list] = {}
         st: list = []
         plan: TopicPlan | None = None
+        # the current topic's plan fields, in locals while its run lasts (read per message)
+        accepts: frozenset[str] = frozenset()
+        batch: str | None = None
+        rr_inline = False  # round robin inline (else plan.select per message)
+        writable: list = []
+        nw = 1
         last_topic = None
         now = int(time.time() * 1000)
         protocol = ctx.protocol
@@ -235,6 +246,8 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                     # every queue gets its share, and the store writes each run at once
                     st = states[topic] = [plan, plan.rr, 0, n if plan.batch else max(1, -(-n // max(plan.nw, 1)))]
                 plan = st[0]
+                accepts, batch, writable, nw = plan.accepts, plan.batch, plan.writable, plan.nw
+                rr_inline = not plan.fifo and nw > 0
                 last_topic = topic
             size = len(m.body)
             nbytes += size
@@ -249,12 +262,12 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                 mtype = "DELAY"
             else:
                 mtype = "NORMAL"
-            if mtype not in plan.accepts:  # type: ignore[union-attr]
+            if mtype not in accepts:
                 raise MessageTypeMismatchError(
                     f"topic {topic!r} is a {plan.route.config.message_type.value} topic and does not take "  # type: ignore[union-attr]
                     f"{mtype} messages"
                 )
-            if plan.batch is not None:  # type: ignore[union-attr]
+            if batch is not None:
                 check_batchable(topic, mtype)
             props = m.properties
             if props and not _PLAIN_KEYS.issuperset(props):
@@ -273,12 +286,12 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                 routing = [r for r in routers if r.routes_from(last_proto)]
             if routing:
                 route_extra(routing, m)
-            if plan.fifo or not plan.nw:  # type: ignore[union-attr]
-                q = plan.select(m)  # type: ignore[union-attr]
-            else:  # round robin in runs, inline
+            if rr_inline:  # round robin in runs, inline
                 j = st[2]
                 st[2] = j + 1
-                q = plan.writable[(st[1] + j // st[3]) % plan.nw]  # type: ignore[union-attr]
+                q = writable[(st[1] + j // st[3]) % nw]
+            else:
+                q = plan.select(m)  # type: ignore[union-attr]
             m.queue_id = q.queue_id
             b = q.broker
             brokers.append(b)
@@ -295,12 +308,12 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             packed = pack_call(messages, brokers, {t: p.batch for t, p in plans.items() if p.batch is not None})
             sent, brokers, mixed = packed.stored, packed.brokers, len(set(packed.brokers)) > 1
         results: list[SendResult] | None = None
-        failed: set[str] = set()
+        failed: frozenset[str] | set[str] = _NONE_FAILED
         if not mixed:  # the common case: every message of the call goes to one broker
             try:
                 put = await self.broker.send(one_broker, sent, transactional, producer_group)  # type: ignore[arg-type]  # set: n > 0
             except (PeerUnavailableError, BrokerWriteBlockedError):
-                failed.add(one_broker)  # type: ignore[arg-type]  # regrouped below
+                failed = {one_broker}  # type: ignore[arg-type]  # regrouped below
             else:
                 new = _tuple_new
                 if len(sent) == 1:
@@ -316,18 +329,17 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             by_broker: dict[str, list[tuple[int, Message]]] = {}
             for i, (m, b) in enumerate(zip(sent, brokers)):
                 by_broker.setdefault(b, []).append((i, m))
-            results = await self._send_grouped(by_broker, plans, transactional, producer_group, len(sent), failed)
+            results = await self._send_grouped(by_broker, plans, transactional, producer_group, len(sent), set(failed))
         if packed is not None:
             results = packed.results(results)
         if self.tracer.on:
             self.tracer.stored(ctx, messages, results)
         metrics = self.metrics
-        metrics.inc("messages_in", protocol, n)
-        metrics.inc("bytes_in", protocol, nbytes)
         if len(plans) == 1:
-            metrics.inc_topic("messages_in", protocol, last_topic, n)  # type: ignore[arg-type]
-            metrics.inc_topic("bytes_in", protocol, last_topic, nbytes)  # type: ignore[arg-type]
+            metrics.count_in(protocol, last_topic, n, nbytes)  # type: ignore[arg-type]
         else:
+            metrics.inc("messages_in", protocol, n)
+            metrics.inc("bytes_in", protocol, nbytes)
             for m in messages:
                 metrics.inc_topic("messages_in", protocol, m.topic)
                 metrics.inc_topic("bytes_in", protocol, m.topic, len(m.body))
