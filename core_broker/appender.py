@@ -312,12 +312,13 @@ class Appender:
                 qo = run[1] + len(ents)  # type: ignore[arg-type]
                 if qo >= cq.limit:  # type: ignore[union-attr]
                     cq.ensure(qo)  # type: ignore[union-attr]  # may raise StoreFullError: nothing written yet
-                tag = m.tag
-                mid = m.message_id
-                keys = m.keys
-                if extra or tag or mid or keys or m.properties or m.message_group or m.born_host:
+                if extra or m.tag or m.message_id or m.keys or m.properties or m.message_group or m.born_host:
                     # Door traffic (properties, LMQ dispatch, keys): record.encode_head writes
                     # every field; the body is chained into the CRC, never copied before pwritev.
+                    # (Read here, not before the test: a bare message never needs them.)
+                    tag = m.tag
+                    mid = m.message_id
+                    keys = m.keys
                     if extra:
                         xruns = []
                         xo = []
