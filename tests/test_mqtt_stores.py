@@ -69,6 +69,35 @@ async def test_persistent_session_round_trip(processor) -> None:
     assert await SessionStore(processor, CTX).load() == []
 
 
+def test_a_session_record_is_what_json_dumps_gives() -> None:
+    """Session.to_json writes its record by hand: byte for byte json.dumps' output, for a bare
+    session (the CONNECT storm's) and one with every field set (non-ASCII and quotes included)."""
+    import json
+
+    from gateway.lmq_reader import WindowedLane
+
+    def dumps(s: Session) -> bytes:
+        return json.dumps({"v": s.version, "e": s.expiry, "n": s.lmq_seq, "d": s.disconnected_at,
+                           "s": [x.to_json() for x in s.subs.values()], "q": sorted(s.qos2_in),
+                           "r": sorted(s.pubrel), "l": s.lanes(), "u": s.username, "o": s.owner, "g": s.epoch,
+                           "h": s.handed}, separators=(",", ":")).encode()
+
+    bare = Session("storm-1", C.MQTT_311, SESSION_NEVER_EXPIRES)
+    bare.disconnected_at = 1_795_000_000_000
+    full = Session('dév "1"', C.MQTT_5, 3600)
+    full.disconnected_at, full.lmq_seq, full.epoch, full.handed = 1_795_000_000_001, 7, 3, 2
+    full.username, full.owner = "zoë\\x", "gw-\u2603"
+    full.qos2_in, full.pubrel = {9, 3}, {5}
+    sub = Subscription("cmd/+/#", 1, full, sub_id=4, lmq="%LMQ%mqtt/x/1", no_local=True)
+    full.subs[sub.key()] = sub
+    shared = Subscription("jobs/#", 2, full, group="w")
+    full.subs[shared.key()] = shared
+    full.cursors[("%LMQ%mqtt/x/1", "broker-a")] = WindowedLane("broker-a")
+    for s in (bare, full):
+        assert s.to_json() == dumps(s)
+        assert Session.from_json(s.client_id, s.to_json())[0].epoch == s.epoch
+
+
 async def test_a_clean_session_is_never_written_and_a_bad_record_is_skipped(processor) -> None:
     store = SessionStore(processor, CTX)
     s = Session("clean", C.MQTT_311, 0)
