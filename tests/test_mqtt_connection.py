@@ -79,3 +79,25 @@ async def test_shared_member_releases_popped_messages_to_the_others(door) -> Non
     [again] = await p.pop(CTX, group, lmq, 8, 60_000)  # (without the release: invisible for a minute)
     assert again.message.body == b"job"
     await shared.ack(s, Inflight(f.msg, 1, lmq, 0, again.receipt_handle, None))  # settles without error
+
+
+async def test_a_connection_without_connect_is_closed_after_the_connect_timeout(processor) -> None:  # noqa: F811
+    """One timer for the door (``deadlines.py``): silent connections are closed once their
+    deadline passes, one that sent CONNECT in time stays open and leaves no deadline behind."""
+    d = MQTTDoor(SimpleNamespace(processor=processor, settings=None),
+                 MQTTBroker(processor, MQTTConfig(connect_timeout_s=0.5)), host="127.0.0.1", port=0)
+    _, port = await d.start()
+    try:
+        def clients() -> tuple[list, list, C.Connack]:
+            silent = [RawClient(port) for _ in range(3)]
+            ok = RawClient(port)
+            ack = ok.connect("in-time")
+            closed = [raw.closed_by_server(timeout=10) for raw in silent]
+            ok.send(C.encode(C.PingReq(), C.MQTT_311))  # still served after every deadline passed
+            return closed, [ok.recv()], ack
+
+        closed, pong, ack = await asyncio.to_thread(clients)
+        assert closed == [[], [], []] and ack.reason_code == 0 and isinstance(pong[0], C.PingResp)
+        assert len(d.broker.connect_deadlines) == 0
+    finally:
+        await d.stop()

@@ -46,6 +46,7 @@ from .acl import AccessControl
 from .codec import MQTTProtocolError, encode
 from .config import MQTTConfig
 from .connection import Connection
+from .deadlines import ConnectDeadlines
 from .delivery import Delivery
 from .fleet import Fleet
 from .tail import Tail
@@ -78,8 +79,7 @@ from .wills import Wills
 
 log = logging.getLogger("unimq.mqtt")
 
-__all__ = ["MQTTConfig", "MQTTBroker", "Connection", "outgoing_from_stored", "message_properties", "v5_props_of",
-           "PubItem"]
+__all__ = ["MQTTConfig", "MQTTBroker", "Connection", "outgoing_from_stored", "message_properties", "v5_props_of", "PubItem"]
 
 
 def _version() -> str:
@@ -118,6 +118,7 @@ class MQTTBroker:
                                  Routing.sub_ids, self.shared)
         self.wills = Wills(self.spawn, self.publish)
         self.connections: set[Connection] = set()
+        self.connect_deadlines = ConnectDeadlines()  # connections yet to send CONNECT
         # messages other doors are sending to MQTT subscribers: id(message) -> what route() decided
         self._xroute: dict[int, tuple[Outgoing, list[tuple[Subscription, DispatchTarget]], list[Subscription],
                                       list[SharedGroup]]] = {}
@@ -730,7 +731,7 @@ class MQTTBroker:
             cprops["shared_subscription_available"] = 1
             if cfg.server_keepalive or conn.keepalive != pkt.keepalive:
                 cprops["server_keep_alive"] = conn.keepalive
-        connack = encode(C.Connack(present, 0, cprops), pkt.protocol_level)
+        connack = encode(C.Connack(present, 0, cprops), C.MQTT_5) if v5 else C.CONNACK_V3_OK[present]
         self.connections.add(conn)
         self.processor.metrics.inc("connections", "mqtt")
         if s.persistent:

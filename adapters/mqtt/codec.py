@@ -28,7 +28,7 @@ primitive wire types), ``decoder`` and ``encoder``. Import from here.
 from __future__ import annotations
 
 from .decoder import Decoder
-from .encoder import encode, encode_many, encode_publish, encode_publish0
+from .encoder import CONNACK_V3_OK, encode, encode_many, encode_publish, encode_publish0
 from .packets import *  # noqa: F401,F403 - packet types, reason codes, packet classes, MQTTProtocolError
 from .properties import PROPERTIES, PROPERTY_IDS, encode_properties
 
@@ -39,6 +39,7 @@ __all__ = [
     "encode_publish",
     "encode_publish0",
     "encode_many",
+    "CONNACK_V3_OK",
     "encode_properties",
     "PROPERTIES",
     "PROPERTY_IDS",

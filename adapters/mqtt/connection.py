@@ -106,10 +106,10 @@ class Connection:
         self._flush_scheduled = False
         self._paused = False
         self._freed = False  # acknowledgements freed window room during this inbox run
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the keepalive check, once connected
         self._connack_held = False  # writes wait for the CONNACK (see hold)
         self.loop = asyncio.get_running_loop()
-        self._timer = self.loop.call_later(broker.config.connect_timeout_s, self._connect_timeout)
+        broker.connect_deadlines.add(self, self.last_rx + broker.config.connect_timeout_s)
         self.lease: Lease | None = None  # a connection slot of its user and client id (gateway.access.traffic)
         self.meter: Meter | None = None  # its publish budget, made once a limit exists
         self._held = False  # reading stopped: over its publish rate
@@ -184,6 +184,7 @@ class Connection:
 
     def lost(self) -> None:
         self.release_lease()
+        self.broker.connect_deadlines.discard(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -249,6 +250,7 @@ class Connection:
         self.proto.move(CLOSE)
         self.closed = True
         self.release_lease()
+        self.broker.connect_deadlines.discard(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -380,8 +382,8 @@ class Connection:
 
     # -- protocol
 
-    def _connect_timeout(self) -> None:
-        self._timer = None
+    def connect_timed_out(self) -> None:
+        """No CONNECT within ``connect_timeout_s`` (``deadlines.py``): close."""
         if not self.connected and not self.closed:
             self.close()
 
@@ -415,9 +417,7 @@ class Connection:
             if self.alias_out_max:
                 self.alias_out = {}
         self.keepalive = ka
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.broker.connect_deadlines.discard(self)
         if ka:
             self._timer = self.loop.call_later(ka * 1.5, self._keepalive_check)
 

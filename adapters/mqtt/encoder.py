@@ -42,6 +42,9 @@ from .properties import (
 
 # ------------------------------------------------------------------ encoder
 
+# A successful 3.1/3.1.1 CONNACK, indexed by session present: built once, not per CONNECT.
+CONNACK_V3_OK = (b"\x20\x02\x00\x00", b"\x20\x02\x01\x00")
+
 
 def _frame(b0: int, body: bytes) -> bytes:
     n = len(body)
