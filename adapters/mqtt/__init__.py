@@ -13,7 +13,8 @@ Modules, one concept each, bottom up:
   ``session_store``: persistent sessions; ``wills``: wills.
 - ``delivery``: in-flight windows and QoS 1/2 delivery from the sessions' LMQs (through
   ``gateway.lmq_reader``); ``shared``: shared subscriptions' pop/ack delivery.
-- ``connection``: one network connection, a thin loop around codec and state.
+- ``connection``: one network connection, a thin loop around codec and state; ``deadlines``: the
+  CONNECT deadline of connections yet to send one (one timer for the door).
 - ``broker``: the door tying them (CONNECT, SUBSCRIBE, publishing, the router seam).
 - Several gateways: ``fleet`` / ``copies`` (persistent sessions, routing copies), ``tail``
   (clean sessions and QoS 0: other gateways' messages read from the store topics),
