@@ -197,12 +197,12 @@ class Session:
         subs, cursors, q, r = self.subs, self.cursors, self.qos2_in, self.pubrel
         u, o = self.username, self.owner
         d = self.disconnected_at or (0 if self.conn is not None else int(time.time() * 1000))
-        return (f'{{"v":{self.version:d},"e":{self.expiry:d},"n":{self.lmq_seq:d},"d":{d:d},'
+        return (f'{{"v":{self.version},"e":{self.expiry},"n":{self.lmq_seq},"d":{d},'
                 f'"s":{_dumps([s.to_json() for s in subs.values()]) if subs else "[]"},'
                 f'"q":{_dumps(sorted(q)) if q else "[]"},"r":{_dumps(sorted(r)) if r else "[]"},'
                 f'"l":{_dumps(self.lanes()) if cursors else "{}"},'
                 f'"u":{"null" if u is None else _quote(u)},"o":{"null" if o is None else _quote(o)},'
-                f'"g":{self.epoch:d},"h":{self.handed:d}}}').encode()
+                f'"g":{self.epoch},"h":{self.handed}}}').encode()
 
 
 def _dumps(v: Any) -> str:
