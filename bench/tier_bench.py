@@ -7,7 +7,11 @@ wheel, over a folder of the run's data dir), 1 KiB messages into one queue, asyn
   store with the tier on, both with 1 MiB segments so that many seal during the timed puts
   and the tier's worker uploads them while the puts run (the figure is the puts' own rate;
   the row says how many segments were uploaded within the timed window). Floor: puts with
-  uploading >= 0.9x puts without, with at least one upload inside the window.
+  uploading >= 0.9x puts without, with at least one upload inside the window. The footnote
+  gives the CPU this process (the broker's part: the put path and the upload thread) spent
+  per put, with and without the tier, and the upload process's CPU per segment (uploads run
+  in a child process, ``core_broker/tier/upload_process.py``): on a shared machine the
+  figures the load distorts least.
 - upload throughput (information): the sealed segments' bytes over the time from the first
   put to the last upload confirmed.
 - sequential read throughput of a whole queue (4 MiB segments) from offset 0, 256 messages
@@ -21,6 +25,7 @@ wheel, over a folder of the run's data dir), 1 KiB messages into one queue, asyn
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -55,19 +60,31 @@ def _store(data_dir: Path, tier_on: bool, endpoint: str = "", bucket: str = "", 
     return store, tier
 
 
-def _puts(store, n: int) -> float:
+def _puts(store, n: int) -> tuple[float, float]:
+    """(puts per second, CPU µs of this process per put) of ``n`` puts."""
     from core_broker.model import Message
 
     put = store.put
-    t0 = time.perf_counter()
+    c0, t0 = _cpu(), time.perf_counter()
     for _ in range(n):
         put(Message("B", BODY))
-    return n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0), (_cpu() - c0) / n * 1e6
 
 
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def _child_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) the process ``pid`` has used so far (0: none or gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _reads(get, n: int) -> tuple[float, float]:
@@ -92,8 +109,6 @@ def _drain(tier) -> None:
 
 
 def run(ctx: Context) -> list[Row]:
-    import os
-
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from tier_helpers import CREDENTIALS, RcloneServer, rclone_binary  # the tests' S3 servers
 
@@ -108,7 +123,7 @@ def run(ctx: Context) -> list[Row]:
         plain, _ = _store(ctx.scratch("plain"), False, segment=PUT_SEGMENT)
         try:
             _puts(plain, warm)
-            put_plain = _puts(plain, n)
+            put_plain, cpu_plain = _puts(plain, n)
         finally:
             plain.shutdown()
         store, tier = _store(ctx.scratch("tiered"), True, server.endpoint, server.new_bucket(), PUT_SEGMENT)
@@ -119,12 +134,16 @@ def run(ctx: Context) -> list[Row]:
             _puts(store, warm)
             _drain(tier)
             before, sealed_before = tier.uploader.uploaded, len(store.commitlog.files.files) - 1
+            child = tier.uploader.process.pid
+            child_c0 = _child_cpu(child)
             t0 = time.perf_counter()
-            put_tier = _puts(store, n)
+            put_tier, cpu_tier_put = _puts(store, n)
             uploaded_during = tier.uploader.uploaded - before
             sealed = len(store.commitlog.files.files) - 1 - sealed_before
             _drain(tier)
             upload_mb_s = sealed * PUT_SEGMENT / (time.perf_counter() - t0) / 1e6
+            same_child = tier.uploader.process.pid == child
+            child_ms = (_child_cpu(child) - child_c0) / max(1, tier.uploader.uploaded - before) * 1e3
         finally:
             tier.stop()
             store.shutdown()
@@ -146,7 +165,9 @@ def run(ctx: Context) -> list[Row]:
     return [
         Row(NAME, f"put, 1 KiB, 1 thread, no tier ({PUT_SEGMENT >> 20} MiB segments)", put_plain, put_plain * 1024 / 1e6),
         Row(NAME, up_row, put_tier, put_tier * 1024 / 1e6, f"no tier {put_plain:,.0f}/s", f"{put_tier / put_plain:.2f}x",
-            ">= 0.9x no tier, uploads in the window", put_tier / put_plain >= 0.9 and uploaded_during > 0),
+            ">= 0.9x no tier, uploads in the window", put_tier / put_plain >= 0.9 and uploaded_during > 0,
+            note=f"CPU of this process {cpu_tier_put:.1f} µs per put (no tier {cpu_plain:.1f} µs); upload process "
+                 + (f"{child_ms:.1f} ms CPU per segment uploaded" if same_child else "restarted during the run")),
         Row(NAME, f"upload, {sealed} segments of {PUT_SEGMENT >> 20} MiB, from the first put to the last upload confirmed",
             None, upload_mb_s, f"puts {put_tier * 1024 / 1e6:.0f} MB/s", f"{upload_mb_s / (put_tier * 1024 / 1e6):.2f}x",
             note="information: below 1x the backlog grows while puts run at full speed"),

@@ -51,6 +51,7 @@ def main() -> None:
     store.start()
     store.tier = tier = TierService(store)
     tier.start()
+    tier.uploader.wait_process(120)  # uploads run from the first roll on, as in a broker running a while
     os.write(1, b"READY\n")
     seq = first
     while True:

@@ -15,6 +15,7 @@ the store runs without it while the tier is off.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import IO, Callable, Iterator
 
 from ..errors import ConfigurationError
@@ -22,6 +23,21 @@ from ..errors import ConfigurationError
 
 _COPY_OBJECT_MAX = 5 << 30  # the largest object one CopyObject may copy
 _ONE_PUT_MAX = 64 << 20  # larger objects go up in parts (boto3's managed transfer), smaller ones from memory
+
+
+@dataclass(frozen=True)
+class ObjectStoreSettings:
+    """What names an object store and how it is spoken to: enough to open the same one in
+    another process (the upload process, ``upload_process``); credentials are not here, they
+    come from boto3's chain in each process (the child inherits the broker's environment)."""
+
+    bucket: str
+    prefix: str = ""
+    endpoint: str = ""
+    region: str = ""
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    direct_put_max: int = _ONE_PUT_MAX
 
 
 class ObjectStore:
@@ -47,6 +63,7 @@ class ObjectStore:
 
         # What a call raises when the store is down, slow or refuses: the uploader retries these.
         self.errors: tuple[type[BaseException], ...] = (BotoCoreError, ClientError, OSError)
+        self.settings = ObjectStoreSettings(bucket, prefix, endpoint, region, connect_timeout_s, read_timeout_s, direct_put_max)
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.direct_put_max = direct_put_max  # see put_complete (tests: 0, every object by a temporary key)

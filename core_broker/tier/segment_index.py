@@ -24,7 +24,6 @@ starts in the object and its entry size (``layout.Manifest.queues``).
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -46,7 +45,6 @@ class SegmentIndex:
 
     length: int = 0  # bytes from the segment's start to the end of its last record
     size: int = 0  # the segment file's size (what is uploaded: records, filler and zero tail)
-    sha256: str = ""  # of the whole file
     first_ts: int = 0  # store timestamps (ms) of its first and last records
     last_ts: int = 0
     queues: list[list] = field(default_factory=list)  # [topic, queue id, first, end, position in data, entry size]
@@ -113,7 +111,8 @@ def _offsets(raw: bytes, lo: int, hi: int, size: int) -> tuple[int, int]:
 
 def build_index(store: "MessageStore", mf: MappedFile) -> SegmentIndex:
     """The entries of every local queue that point into the sealed segment ``mf``, its record
-    span and timestamps, and its digest (read on the calling thread: the uploader's)."""
+    span and timestamps (read on the calling thread: the uploader's; the upload process, which
+    reads the whole file anyway, computes its digest)."""
     ix = SegmentIndex()
     parts: list[bytes] = []
     pos = 0
@@ -152,8 +151,6 @@ def build_index(store: "MessageStore", mf: MappedFile) -> SegmentIndex:
         ix.length = p
         if p:
             ix.first_ts = record.parse_header(mm, 0).store_ts
-        with memoryview(mm) as mv:
-            ix.sha256 = hashlib.sha256(mv).hexdigest()  # releases the GIL
     finally:
         try:
             mm.close()

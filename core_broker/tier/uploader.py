@@ -10,6 +10,13 @@ jitter, capped at ``tier_retry_max_s``); meanwhile the backlog grows and is what
 :meth:`Uploader.backlog` reports. After a restart the confirmed set is read back
 from the tier's manifests (until that listing succeeds, nothing counts as
 uploaded and retention waits), and temporary keys a crash left are deleted.
+
+The thread decides and keeps the books; the bytes go up from a child process
+(``upload_process``: boto3 on a thread fought the put path for the GIL). Per
+segment the thread copies its queue entries and keys (``segment_index``,
+``key_index``) and hands them with the file's path to the child, which uploads
+segment, index, keys, then the manifest. A child that dies is a failed attempt:
+back off, delete the temporary keys it may have left, start a new one, retry.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from ..mapped_file import MappedFile
 from . import key_index, layout
 from .object_store import ObjectStore
 from .segment_index import build_index
+from .upload_process import ChildGone, UploadFailed, UploadProcess
 
 if TYPE_CHECKING:
     from ..message_store import MessageStore
@@ -65,6 +73,9 @@ class Uploader:
         self.last_error = ""
         # Tests: called between the temporary upload of a segment and its copy into place.
         self.between_upload_and_commit: Callable[[], None] | None = None
+        self.process = UploadProcess(objects.settings)
+        self._sweep = False  # a child died mid-upload: its temporary keys go before the next attempt
+        self._process_ready = threading.Event()  # the upload process answered once since start
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -73,6 +84,8 @@ class Uploader:
 
     def start(self) -> None:
         self._stop.clear()
+        self.process = UploadProcess(self.objects.settings)
+        self._process_ready.clear()
         self._thread = threading.Thread(target=self._run, name="unimq-tier-upload", daemon=True)
         self._thread.start()
 
@@ -80,9 +93,11 @@ class Uploader:
         self._stop.set()
         self._listed.set()  # reads waiting for the listing answer now, with what is known
         self._wake.set()
+        self.process.kill()  # an upload in flight ends now (safe: its manifest is not written)
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self.process.close()
 
     def kick(self) -> None:
         """Look for work now rather than at the next scan (tests, and after a roll)."""
@@ -127,8 +142,12 @@ class Uploader:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
+                self.process.start()
+                self._process_ready.set()
                 if not self.listed:
                     self.list_tier()
+                elif self._sweep:
+                    self.sweep_tmp()
                 todo = self.sealed()
                 if todo:
                     self.upload(todo[0])
@@ -138,7 +157,10 @@ class Uploader:
                 if not todo and self.idle is not None:
                     self.idle()
                 wait = self.scan_interval_s
-            except self.objects.errors as e:
+            except (ChildGone, UploadFailed, *self.objects.errors) as e:
+                self._sweep = self._sweep or isinstance(e, ChildGone)
+                if self._stop.is_set():
+                    break
                 self.failures += 1
                 self.failed_attempts += 1
                 self.last_error = f"{type(e).__name__}: {e}"
@@ -165,10 +187,7 @@ class Uploader:
             base = layout.base_of(name)
             if base is not None:
                 found[base] = layout.Manifest.decode(self.objects.get(name))
-        stale = list(self.objects.names(layout.tmp_dir(sid) + "/"))
-        if stale:
-            self.objects.delete(stale)
-            log.info("deleted %d unfinished upload(s) left by an earlier run", len(stale))
+        self.sweep_tmp()
         with self._lock:
             for b, m in found.items():
                 self.in_tier.setdefault(b, m)
@@ -176,30 +195,37 @@ class Uploader:
         self.listed = True
         self._listed.set()
 
+    def sweep_tmp(self) -> None:
+        """Delete the temporary keys of uploads a crash (of the broker or the upload process) cut."""
+        stale = list(self.objects.names(layout.tmp_dir(self.store.store_id) + "/"))
+        if stale:
+            self.objects.delete(stale)
+            log.info("deleted %d unfinished upload(s) left by a killed upload process", len(stale))
+        self._sweep = False
+
+    def wait_process(self, timeout: float) -> bool:
+        """Wait until the upload process has started and can upload, at most ``timeout`` seconds
+        (tests and benchmarks that must see uploads soon after a start)."""
+        return self._process_ready.wait(timeout)
+
     def wait_listed(self, timeout: float) -> bool:
         """Wait (a read worker) until the tier's manifests were read since start, at most ``timeout``
         seconds: a read below the local log right after a start must not take the tier for empty."""
         return self._listed.wait(timeout)
 
     def upload(self, mf: MappedFile) -> layout.Manifest:
-        """Segment, then queue index, then keys, then manifest: the manifest's arrival confirms
-        the upload."""
-        sid = self.store.store_id
+        """Segment, then queue index, then keys, then manifest (in the upload process): the
+        manifest's arrival confirms the upload."""
         t0 = time.monotonic()
         ix = build_index(self.store, mf)
-        with open(mf.path, "rb") as fh:
-            self.objects.put_complete(
-                layout.segment_key(sid, mf.base), fh, ix.size, layout.tmp_dir(sid), self.between_upload_and_commit
-            )
-        self.objects.put_small(layout.index_key(sid, mf.base), ix.data)
         keys = key_index.encode(self.store.index.entries_between(mf.base, mf.base + ix.length))
-        if keys:
-            self.objects.put_small(layout.keys_key(sid, mf.base), keys)
         manifest = layout.Manifest(
-            base=mf.base, length=ix.length, size=ix.size, sha256=ix.sha256, index_length=len(ix.data),
+            base=mf.base, length=ix.length, size=ix.size, sha256="", index_length=len(ix.data),
             first_ts=ix.first_ts, last_ts=ix.last_ts, queues=ix.queues, keys_length=len(keys),
         )
-        self.objects.put_small(layout.manifest_key(sid, mf.base), manifest.encode())
+        manifest.sha256 = self.process.upload(
+            self.store.store_id, mf.path, manifest, ix.data, keys, self.between_upload_and_commit
+        )
         with self._lock:
             self.in_tier[mf.base] = manifest
             self.version += 1
