@@ -9,7 +9,8 @@ wheel, over a folder of the run's data dir), 1 KiB messages into one queue, asyn
   the row says how many segments were uploaded within the timed window). Floor: puts with
   uploading >= 0.9x puts without, with at least one upload inside the window. The footnote
   gives the CPU this process (the broker's part: the put path and the upload thread) spent
-  per put, with and without the tier, and the upload process's CPU per segment (uploads run
+  per put, with and without the tier, its CPU per segment uploaded once the puts are done
+  (only uploads run then), and the upload process's CPU per segment (uploads run
   in a child process, ``core_broker/tier/upload_process.py``): on a shared machine the
   figures the load distorts least.
 - upload throughput (information): the sealed segments' bytes over the time from the first
@@ -140,7 +141,11 @@ def run(ctx: Context) -> list[Row]:
             put_tier, cpu_tier_put = _puts(store, n)
             uploaded_during = tier.uploader.uploaded - before
             sealed = len(store.commitlog.files.files) - 1 - sealed_before
+            # after the puts only uploads run: this process's CPU per segment uploaded meanwhile
+            drain_c0, drain_up0 = _cpu(), tier.uploader.uploaded
             _drain(tier)
+            drained = tier.uploader.uploaded - drain_up0
+            broker_ms = (_cpu() - drain_c0) / drained * 1e3 if drained else 0.0
             upload_mb_s = sealed * PUT_SEGMENT / (time.perf_counter() - t0) / 1e6
             same_child = tier.uploader.process.pid == child
             child_ms = (_child_cpu(child) - child_c0) / max(1, tier.uploader.uploaded - before) * 1e3
@@ -166,7 +171,8 @@ def run(ctx: Context) -> list[Row]:
         Row(NAME, f"put, 1 KiB, 1 thread, no tier ({PUT_SEGMENT >> 20} MiB segments)", put_plain, put_plain * 1024 / 1e6),
         Row(NAME, up_row, put_tier, put_tier * 1024 / 1e6, f"no tier {put_plain:,.0f}/s", f"{put_tier / put_plain:.2f}x",
             ">= 0.9x no tier, uploads in the window", put_tier / put_plain >= 0.9 and uploaded_during > 0,
-            note=f"CPU of this process {cpu_tier_put:.1f} µs per put (no tier {cpu_plain:.1f} µs); upload process "
+            note=f"CPU of this process {cpu_tier_put:.1f} µs per put (no tier {cpu_plain:.1f} µs), "
+                 f"{broker_ms:.1f} ms per segment uploaded after the puts ({drained} segments); upload process "
                  + (f"{child_ms:.1f} ms CPU per segment uploaded" if same_child else "restarted during the run")),
         Row(NAME, f"upload, {sealed} segments of {PUT_SEGMENT >> 20} MiB, from the first put to the last upload confirmed",
             None, upload_mb_s, f"puts {put_tier * 1024 / 1e6:.0f} MB/s", f"{upload_mb_s / (put_tier * 1024 / 1e6):.2f}x",

@@ -249,6 +249,7 @@ def _upload(objects: ObjectStore, job: dict, index: bytes, keys: bytes, inp: IO[
 def main() -> None:
     """The child: ``python -c ... PARENT_PID``; settings on the first line of stdin, then jobs."""
     _die_with(int(sys.argv[1]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the broker's terminal is the broker's to act on
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a stray print must not corrupt the answer pipe
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s upload process: %(message)s")

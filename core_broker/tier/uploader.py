@@ -74,6 +74,8 @@ class Uploader:
         # Tests: called between the temporary upload of a segment and its copy into place.
         self.between_upload_and_commit: Callable[[], None] | None = None
         self.process = UploadProcess(objects.settings)
+        # what a failed attempt raises: the store down or refusing, or the upload process gone
+        self._retry_on: tuple[type[BaseException], ...] = (ChildGone, UploadFailed, *objects.errors)
         self._sweep = False  # a child died mid-upload: its temporary keys go before the next attempt
         self._process_ready = threading.Event()  # the upload process answered once since start
         self._stop = threading.Event()
@@ -157,7 +159,7 @@ class Uploader:
                 if not todo and self.idle is not None:
                     self.idle()
                 wait = self.scan_interval_s
-            except (ChildGone, UploadFailed, *self.objects.errors) as e:
+            except self._retry_on as e:
                 self._sweep = self._sweep or isinstance(e, ChildGone)
                 if self._stop.is_set():
                     break
