@@ -76,6 +76,7 @@ class UploadProcess:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
+        self._booting = False  # the running child's "ready" is not read yet (only the upload thread reads)
         self.started = 0  # children started since this object was made (restarts: started - 1)
 
     @property
@@ -84,7 +85,8 @@ class UploadProcess:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
-    def _child(self) -> subprocess.Popen[bytes]:
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """The running child, or a new one (booting: its first answer, "ready", not read yet)."""
         with self._lock:
             if self._closed:
                 raise ChildGone("the upload process is stopped")
@@ -96,23 +98,34 @@ class UploadProcess:
             proc = subprocess.Popen(
                 [sys.executable, "-c", code, str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             )
-            assert proc.stdin is not None
             self._proc = proc
+            self._booting = True
             self.started += 1
-        try:
-            _send(proc, json.dumps(asdict(self.settings)).encode() + b"\n")
-            _read(proc)  # {"ready": true}: boto3 imported, its client made (about 1 s of CPU)
-        except (OSError, ValueError) as e:
-            proc.kill()
-            raise ChildGone(f"the upload process {proc.pid} failed at start: {type(e).__name__}: {e}") from e
         if self.started > 1:
             log.warning("restarted the tier's upload process (pid %d, start %d)", proc.pid, self.started)
+        try:
+            _send(proc, json.dumps(asdict(self.settings)).encode() + b"\n")
+        except OSError as e:
+            proc.kill()
+            raise ChildGone(f"the upload process {proc.pid} failed at start: {type(e).__name__}: {e}") from e
         return proc
 
     def start(self) -> None:
-        """Start the child unless it runs, and wait until it can upload (the upload thread calls
-        this first, so the first sealed segment does not wait for boto3's start)."""
-        self._child()
+        """Start the child unless it runs, without waiting for it: it boots (imports boto3, makes
+        its client: about 1 s of CPU) while the upload thread lists the tier."""
+        self._spawn()
+
+    def ready(self) -> subprocess.Popen[bytes]:
+        """The child, once it can upload (waits for a booting one's "ready")."""
+        proc = self._spawn()
+        if self._booting:
+            try:
+                _read(proc)
+            except (OSError, ValueError) as e:
+                proc.kill()
+                raise ChildGone(f"the upload process {proc.pid} failed at start: {e}") from e
+            self._booting = False
+        return proc
 
     def upload(
         self, store_id: str, path: Path, manifest: layout.Manifest, index: bytes, keys: bytes,
@@ -122,7 +135,7 @@ class UploadProcess:
         ``manifest`` (its digest filled in); return the segment's SHA-256 once the manifest is in
         the tier. ``between`` (tests) runs here while the child waits between the temporary
         upload and the copy into place. Raises :class:`UploadFailed` or :class:`ChildGone`."""
-        proc = self._child()
+        proc = self.ready()
         job = {
             "store_id": store_id, "base": manifest.base, "path": str(path), "size": manifest.size,
             "manifest": asdict(manifest), "index_length": len(index), "keys_length": len(keys),

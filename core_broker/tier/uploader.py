@@ -144,12 +144,13 @@ class Uploader:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.process.start()
-                self._process_ready.set()
+                self.process.start()  # boots while the tier is listed
                 if not self.listed:
                     self.list_tier()
                 elif self._sweep:
                     self.sweep_tmp()
+                self.process.ready()
+                self._process_ready.set()
                 todo = self.sealed()
                 if todo:
                     self.upload(todo[0])
@@ -202,7 +203,7 @@ class Uploader:
         stale = list(self.objects.names(layout.tmp_dir(self.store.store_id) + "/"))
         if stale:
             self.objects.delete(stale)
-            log.info("deleted %d unfinished upload(s) left by a killed upload process", len(stale))
+            log.info("deleted %d unfinished upload(s) a crash or a killed upload process left", len(stale))
         self._sweep = False
 
     def wait_process(self, timeout: float) -> bool:
