@@ -665,9 +665,12 @@ def rows_of(res: dict[str, Results], versions: dict[str, str], ctx: Context) -> 
     def ratio(a: float, b: float | None) -> str:
         return f"{a / b:.2f}x" if b and b == b and b > 0 else "—"
 
+    # issue 21: QoS 0 fan-in at least 0.8x Mosquitto (judged only when Mosquitto ran)
+    q0_ok = u.qos0 >= 0.8 * mos.qos0 if mos and mos.qos0 == mos.qos0 and u.qos0 == u.qos0 else False
     rows.append(Row("mqtt", "QoS 0 fan-in 4->1: delivered/s", u.qos0, u.qos0 * mb,
                     peer=_peer(res, versions, lambda r: r.qos0, "{:,.0f}"),
-                    ratio=ratio(u.qos0, mos.qos0 if mos else None) + " of Mosquitto"))
+                    ratio=ratio(u.qos0, mos.qos0 if mos else None) + " of Mosquitto",
+                    floor=">= 0.8x Mosquitto", meets=q0_ok if mos else None))
     rows.append(Row("mqtt", "QoS 1 fan-in 4->1: PUBACKed/s", u.qos1.acked_s, u.qos1.acked_s * mb,
                     peer=_peer(res, versions, lambda r: r.qos1.acked_s, "{:,.0f}"),
                     ratio=ratio(u.qos1.acked_s, mos.qos1.acked_s if mos else None) + " of Mosquitto"))
