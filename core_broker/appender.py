@@ -60,6 +60,10 @@ _NOT_LINK = ~record.FLAG_LINK  # a put never stores the link bit (see record.enc
 _BARE_FLAGS = ~(record.FLAG_LINK | record.FLAG_BATCH)
 _FLAG_BATCH = record.FLAG_BATCH
 _bare_head = record.bare_head_packer
+_door_head = record.door_head
+_NO_PACK = struct.Struct("").pack  # (no template yet)
+_DISPATCH_SIZE = record.DISPATCH_ENTRY_SIZE
+_encode_properties = record.encode_properties
 _HEX4: tuple[str, ...] = tuple(struct.pack(">65536H", *range(65536)).hex(" ", 2).upper().split())
 
 #: (topic + protocol bytes, topic length, protocol length, header pack) of a topic's bare records.
@@ -279,6 +283,15 @@ class Appender:
         run: list = []
         cq = ents = tp = head_pack = None
         lt = lp = hsz = 0
+        # a door message's header template (record.door_head), and the properties and host it is of
+        dpack: Callable[..., bytes] = _NO_PACK
+        dlens = dstr = b""
+        dtp: bytes | None = None  # the topic + protocol bytes of the bare shape the template is of
+        dext: tuple = ()  # the extra queue (none or one) the template is of
+        dxtb: bytes | None = None  # its topic, encoded
+        dprops: dict[str, str] | None = None
+        dhost = ""
+        dsz = 0
         idx = self._idx_pending  # index entries of pending records, put once they are written
         try:
             for m in msgs:
@@ -313,12 +326,65 @@ class Appender:
                 if qo >= cq.limit:  # type: ignore[union-attr]
                     cq.ensure(qo)  # type: ignore[union-attr]  # may raise StoreFullError: nothing written yet
                 if extra or m.tag or m.message_id or m.keys or m.properties or m.message_group or m.born_host:
-                    # Door traffic (properties, LMQ dispatch, keys): record.encode_head writes
-                    # every field; the body is chained into the CRC, never copied before pwritev.
                     # (Read here, not before the test: a bare message never needs them.)
                     tag = m.tag
                     mid = m.message_id
                     keys = m.keys
+                    props = m.properties
+                    if not (tag or mid or keys or m.message_group) and len(extra) < 2:
+                        # A door's plain publish: properties, a born host and at most one extra queue
+                        # (an MQTT QoS 1 subscriber's LMQ). A run of equal ones (one publisher's
+                        # messages on one topic) shares one header template (record.door_head): its
+                        # strings are encoded once per run, the queue offsets packed per record.
+                        host = m.born_host
+                        if dtp is not tp or host != dhost or (props is not dprops and props != dprops) or (
+                                extra is not dext and extra != dext):
+                            dext = extra
+                            dxtb = extra[0][0].encode() if extra else None
+                            pb = _encode_properties(props) if props else b""
+                            hb = host.encode() if host else b""
+                            dpack, dlens, dstr = _door_head(tp[:lt], hb, tp[lt:], pb, dxtb)  # type: ignore[index]
+                            dtp, dprops, dhost = tp, props, host
+                            dsz = _HEADER_SIZE + len(dstr) + (_DISPATCH_SIZE + len(dxtb) if dxtb else 0)
+                        bl = len(body)
+                        size = dsz + bl
+                        if extra:
+                            t = extra[0]
+                            xr = runs.get(t)
+                            if xr is None:
+                                xcq = self._cqs.get(t) or self._cq(t[0], t[1])
+                                xr = runs[t] = [xcq, xcq.max_offset, []]
+                            o = xr[1] + len(xr[2])
+                            if o >= xr[0].limit:
+                                xr[0].ensure(o)  # may raise StoreFullError: this record is not written yet
+                        if pos + size > end:
+                            pos, cur, end = self._roll_batch(cur, start, pos, pending, runs, size)
+                            start = pos
+                        if extra:
+                            head = dpack(m.flags & _NOT_LINK, qid, qo, pos, m.born_timestamp_ms or now, now,
+                                         m.delivery_time_ms, -1, 0, m.reconsume_times, dlens, bl, dstr,
+                                         len(dxtb), t[1], o, dxtb)  # type: ignore[arg-type]
+                        else:
+                            head = dpack(m.flags & _NOT_LINK, qid, qo, pos, m.born_timestamp_ms or now, now,
+                                         m.delivery_time_ms, -1, 0, m.reconsume_times, dlens, bl, dstr)
+                        if bl <= 256:  # as for bare records below
+                            head += body
+                            pending += (_pack_prefix(size, _MAGIC, _crc32c(head)), head)
+                        else:
+                            pending += (_pack_prefix(size, _MAGIC, _crc32c(body, _crc32c(head))), head, body)
+                        e = _cq_entry(pos, size, 0)
+                        ents.append(e)  # type: ignore[union-attr]
+                        if pos >> 16 != id_key:
+                            id_key = pos >> 16
+                            id_head = idhi % id_key
+                        if extra:
+                            xr[2].append(e)  # type: ignore[index]  # (set above: extra)
+                        mid = id_head + hex4[pos & 0xFFFF]
+                        add(_new_tuple(PutResult, (PUT_OK, mid, qid, qo, pos, size, (o,) if extra else ())))
+                        pos += size
+                        continue
+                    # Door traffic (properties, LMQ dispatch, keys): record.encode_head writes
+                    # every field; the body is chained into the CRC, never copied before pwritev.
                     if extra:
                         xruns = []
                         xo = []

@@ -42,6 +42,7 @@ _PROP = struct.Struct("<HI")
 _PROP_PACK = _PROP.pack
 _DISPATCH = struct.Struct("<Hiq")
 _DISPATCH_PACK = _DISPATCH.pack
+DISPATCH_ENTRY_SIZE = _DISPATCH.size  # one extra queue in a dispatch block, before its topic's bytes
 _PACK_FIXED = FIXED.pack
 _PACK_PREFIX = PREFIX.pack
 _UNPACK_FIXED = FIXED.unpack_from
@@ -204,6 +205,38 @@ def bare_head_packer(n: int) -> Callable[..., bytes]:
         assert st.size == HEADER_SIZE - PREFIX.size + n
         pack = _BARE_HEADS[n] = st.pack
     return pack
+
+
+_DOOR_HEADS: dict[tuple[int, int], Callable[..., bytes]] = {}  # by the strings' lengths: few distinct values
+_DOOR_LENS = struct.Struct("<HHHHHHIII")
+
+
+def door_head(topic: bytes, host: bytes, proto: bytes, props: bytes,
+              target: bytes | None = None) -> tuple[Callable[..., bytes], bytes, bytes]:
+    """The packer of a door message's header: properties, a born host and at most one extra
+    queue (``target``: its topic, encoded), but no tag, keys, ids, message group or link (what a
+    door's plain publish stores), and its two constant arguments: the length fields before the
+    body's and the strings after it.
+
+    ``pack(flags, queue id, queue offset, phys offset, born, store and delivery times, origin
+    offset (-1), origin size (0), reconsume times, lengths, body length, strings)``, followed
+    with a target by ``(len(target), its queue id, its queue offset, target)``, gives the bytes
+    of :func:`encode_head` without its prefix (size, magic, CRC), in one ``struct`` call: a run
+    of messages of one topic, publisher and property block encodes its strings once.
+    """
+    strings = topic + host + proto + props
+    m = -1 if target is None else len(target)
+    lens = _DOOR_LENS.pack(len(topic), len(host), 0, 0, 0, len(proto), 0, len(props),
+                           0 if target is None else _DISPATCH.size + m)
+    n = len(strings)
+    pack = _DOOR_HEADS.get((n, m))
+    if pack is None:
+        st = struct.Struct(f"<Iiqqqqqqii{_DOOR_LENS.size}sI{n}s" + ("" if target is None else f"Hiq{m}s"))
+        assert st.size == HEADER_SIZE - PREFIX.size + n + (0 if target is None else _DISPATCH.size + m)
+        if len(_DOOR_HEADS) >= 4096:
+            _DOOR_HEADS.clear()
+        pack = _DOOR_HEADS[(n, m)] = st.pack
+    return pack, lens, strings
 
 
 def encode(

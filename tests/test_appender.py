@@ -17,7 +17,7 @@ from core_broker.commitlog import CommitLog
 from core_broker.consume_queue import ConsumeQueue
 from core_broker.errors import BadRequestError, MessageTooLargeError, StoreClosedError
 from core_broker.index_file import IndexService
-from core_broker.model import Message, PutStatus
+from core_broker.model import DispatchTarget, Message, PutStatus
 
 NOW = 1_700_000_000_000
 
@@ -46,6 +46,31 @@ MSGS = [
     Message("t", b"x" * 300, queue_id=1, protocol="mqtt"),
     Message("t", b"props", queue_id=0, properties={"mqtt_topic": "a/b"}, tag="TagA", keys=["k1", "k2"]),
     Message("u", b"", queue_id=0, message_id="client-id-1", born_host="10.0.0.1:1"),
+    # door publishes (properties and a born host only): runs of equal ones share a header template
+    *[Message("t", body, queue_id=0, protocol="mqtt", properties=dict(props), born_host=host)
+      for body, props, host in (
+          (b"d1", {"mqtt_topic": "t/a", "mqtt_qos": "0"}, "127.0.0.1:5"),
+          (b"d2", {"mqtt_topic": "t/a", "mqtt_qos": "0"}, "127.0.0.1:5"),
+          (b"d3", {"mqtt_topic": "t/a", "mqtt_qos": "1"}, "127.0.0.1:5"),
+          (b"y" * 300, {"mqtt_topic": "t/a", "mqtt_qos": "1"}, "127.0.0.1:5"),
+          (b"d5", {"mqtt_topic": "t/a", "mqtt_qos": "1"}, "127.0.0.1:6"),
+          (b"d6", {}, "127.0.0.1:6"),
+          (b"d7", {"k": "v"}, ""),
+      )],
+    Message("u", b"d8", queue_id=0, protocol="mqtt", properties={"k": "v"}),  # only the topic differs
+    Message("u", b"d9", queue_id=0, protocol="amqp", properties={"k": "v"}),  # only the protocol
+    # ... and with one extra queue (an MQTT QoS 1 subscriber's LMQ): its offset is the record's own
+    *[Message("t", body, queue_id=1, protocol="mqtt", properties={"mqtt_qos": "1"}, born_host="127.0.0.1:5",
+              extra_dispatch=x)
+      for body, x in (
+          (b"x1", (DispatchTarget("%LMQ%a", 0),)),
+          (b"x2", (DispatchTarget("%LMQ%a", 0),)),
+          (b"z" * 300, (DispatchTarget("%LMQ%a", 0),)),
+          (b"x4", (DispatchTarget("%LMQ%bb", 0),)),
+          (b"x5", (DispatchTarget("%LMQ%a", 0), DispatchTarget("%LMQ%bb", 0))),  # two: the general path
+          (b"x6", ()),
+          (b"x7", (DispatchTarget("%LMQ%a", 0),)),
+      )],
 ]
 
 
@@ -61,11 +86,15 @@ def test_both_loops_write_record_encode_bytes(tmp_path: Path, batch: bool) -> No
     rs = a.append_batch(MSGS, NOW) if batch else [a.append_one(m, NOW) for m in MSGS]
     for m, r in zip(MSGS, rs):
         assert r.status == PutStatus.PUT_OK
-        assert stored_bytes(a, r) == record.encode(m, r.queue_offset, r.commitlog_offset, NOW)
+        dispatch = record.encode_dispatch(m.extra_dispatch, r.extra_offsets)
+        assert stored_bytes(a, r) == record.encode(m, r.queue_offset, r.commitlog_offset, NOW, dispatch)
         assert a._cqs[(m.topic, m.queue_id)].entry(r.queue_offset)[:2] == (r.commitlog_offset, r.store_size)
+        for t, o in zip(m.extra_dispatch, r.extra_offsets, strict=True):
+            assert a._cqs[t].entry(o)[:2] == (r.commitlog_offset, r.store_size)
     # server-assigned ids name the store and the record's offset; a client's id is kept
     assert rs[0].message_id == a.message_id(rs[0].commitlog_offset) == f"0200112233AABBCCDD{rs[0].commitlog_offset:016X}"
     assert rs[3].message_id == "client-id-1"
+    assert rs[5].message_id == a.message_id(rs[5].commitlog_offset)
     assert a.commitlog.write_pos == rs[-1].commitlog_offset + rs[-1].store_size
 
 
