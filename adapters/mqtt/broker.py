@@ -426,9 +426,11 @@ class MQTTBroker:
         outs: list[Outgoing | None] = []
         plan_cache = self.routing.plans
         retained = False
+        any_lmq = False  # some message has QoS 1/2 subscriptions (its LMQ offsets to hand on)
         routing = self.routing
         last_topic, last_qos, gen, plan = None, -1, -1, None
         stamp = self.tail.stamp if self.tail.several else None  # several gateways: the origin of each
+        plain: dict[str, str] | None = None  # the properties of a plain PUBLISH of this run
         for it in items:
             topic = it.topic
             qos = it.qos
@@ -439,12 +441,23 @@ class MQTTBroker:
                 if plan is None:
                     plan = await routing.plan(topic, qos, publisher)
                 last_topic, last_qos = topic, qos
+                plain = None
+                any_lmq = any_lmq or bool(plan.lmq_subs)
             if plan.wake_groups:
                 wake_groups.update(plan.wake_groups)
             iprops = it.properties
             keys: tuple[str, ...] = ()
             if iprops is None and not it.retain:
-                props = {P_TOPIC: topic, P_QOS: QOS_STR[qos], P_MQTT_CLIENT_ID: publisher}
+                # one dict for the run's plain PUBLISHes (nothing on the send path changes a
+                # message's properties in place): built once, and the store encodes its
+                # record header once per run (core_broker.record.door_head). Not while
+                # several gateways stamp each message with its origin (below).
+                if stamp is not None:
+                    props = {P_TOPIC: topic, P_QOS: QOS_STR[qos], P_MQTT_CLIENT_ID: publisher}
+                else:
+                    if plain is None:
+                        plain = {P_TOPIC: topic, P_QOS: QOS_STR[qos], P_MQTT_CLIENT_ID: publisher}
+                    props = plain
                 expiry = 0
             else:
                 props = message_properties(topic, qos, it.retain, iprops)
@@ -474,7 +487,7 @@ class MQTTBroker:
             if delivery.tracer.on:
                 trace_mark_sent(results, outs)
             codes = [0 if p.matched else C.RC_NO_MATCHING_SUBSCRIBERS for p in plans]
-            for res, plan, out in zip(results, plans, outs):
+            for res, plan, out in zip(results, plans, outs) if any_lmq else ():
                 subs_ = plan.lmq_subs
                 if not subs_:
                     continue
