@@ -97,6 +97,10 @@ class Decoder:
         n = len(buf)
         pos = 0
         out: list[Packet] = []
+        # read once per call, not per packet (a CONNECT decoded in this call leaves the
+        # PUBLISHes after it to _packet: slower, the same packets)
+        inline = self._connected and self.version != MQTT_5
+        max_size = self.max_packet_size
         try:
             while n - pos >= 2:
                 b0 = buf[pos]
@@ -122,12 +126,12 @@ class Decoder:
                     if rl < 0:
                         break  # header incomplete
                 end = i + rl
-                if end - pos > self.max_packet_size:
+                if end - pos > max_size:
                     raise MQTTProtocolError(RC_PACKET_TOO_LARGE, f"packet of {end - pos} bytes exceeds the maximum "
                                             f"packet size {self.max_packet_size}")
                 if end > n:
                     break
-                if (b0 == 0x30 or b0 == 0x32) and self._connected and self.version != MQTT_5 and end - i > 2:
+                if (b0 == 0x30 or b0 == 0x32) and inline and end - i > 2:
                     # a 3.1.1 QoS 0/1 PUBLISH without flags (the publish hot path), read inline; anything
                     # unusual in it (bad topic, packet id 0, truncation) is left to _packet to refuse
                     p = i + 2 + ((buf[i] << 8) | buf[i + 1])
