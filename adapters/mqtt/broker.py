@@ -442,9 +442,12 @@ class MQTTBroker:
                     plan = await routing.plan(topic, qos, publisher)
                 last_topic, last_qos = topic, qos
                 plain = None
+                # the plan's fields, read once per run
+                ut, tb, targets, direct = plan.ut, plan.tb, plan.targets, plan.direct
+                routed = bool(plan.lmq_subs or direct)  # an outbound form is needed
                 any_lmq = any_lmq or bool(plan.lmq_subs)
-            if plan.wake_groups:
-                wake_groups.update(plan.wake_groups)
+                if plan.wake_groups:
+                    wake_groups.update(plan.wake_groups)
             iprops = it.properties
             keys: tuple[str, ...] = ()
             if iprops is None and not it.retain:
@@ -467,15 +470,15 @@ class MQTTBroker:
                 if USER_KEYS in props:  # MQTT 5 user property "keys": the message keys (query by key)
                     keys = tuple(k for k in props[USER_KEYS].split(",") if k)
             if stamp is not None:
-                props[P_ORIGIN] = stamp(plan.ut)
-            msgs.append(Message(plan.ut, it.payload, properties=props, protocol="mqtt", extra_dispatch=plan.targets,
+                props[P_ORIGIN] = stamp(ut)
+            msgs.append(Message(ut, it.payload, properties=props, protocol="mqtt", extra_dispatch=targets,
                                 keys=keys))
             out = None
-            if plan.lmq_subs or plan.direct:
+            if routed:
                 out = Outgoing(topic, it.payload, qos, it.retain, forward_props(iprops) if iprops else None, expiry,
-                               plan.tb, plan.ut)
-                if plan.direct:
-                    fast.append((out, plan.direct))
+                               tb, ut)
+                if direct:
+                    fast.append((out, direct))
             plans.append(plan)
             outs.append(out)
         codes: list[int]
