@@ -411,23 +411,17 @@ class MQTTBroker:
     # -- publishing
 
     async def publish(self, ctx: RequestContext, publisher: str, items: list[C.Publish]) -> list[int]:
-        """Store ``items`` (one batch), dispatch them, deliver QoS 0 to online subscribers.
-
-        Returns a v5 reason code per item (0, 0x10 no matching subscribers, or an
-        error >= 0x80). Raises nothing for store errors: they become codes.
-        """
+        """Store ``items`` (one batch), dispatch them, deliver QoS 0 to online subscribers. Returns a
+        v5 reason code per item (0, 0x10 no matching subscribers, or an error >= 0x80): no raise."""
         msgs: list[Message] = []
         fast: list[tuple[Outgoing, tuple[Subscription, ...]]] = []
         wake: set[Session] = set()
         wake_groups: set[SharedGroup] = set()
-        # per message: its plan (the QoS 1/2 subscriptions it was dispatched to, in
-        # extra_dispatch order) and the outbound form subscribers get
+        # per message: its plan (its QoS 1/2 subscriptions, in extra_dispatch order) and outbound form
         plans: list[Plan] = []
         outs: list[Outgoing | None] = []
-        plan_cache = self.routing.plans
-        retained = False
-        any_lmq = False  # some message has QoS 1/2 subscriptions (its LMQ offsets to hand on)
-        routing = self.routing
+        routing, retained = self.routing, False
+        plan_cache = routing.plans
         last_topic, last_qos, gen, plan = None, -1, -1, None
         stamp = self.tail.stamp if self.tail.several else None  # several gateways: the origin of each
         plain: dict[str, str] | None = None  # the properties of a plain PUBLISH of this run
@@ -441,26 +435,17 @@ class MQTTBroker:
                 if plan is None:
                     plan = await routing.plan(topic, qos, publisher)
                 last_topic, last_qos = topic, qos
-                plain = None
-                # the plan's fields, read once per run
-                ut, tb, targets, direct = plan.ut, plan.tb, plan.targets, plan.direct
-                routed = bool(plan.lmq_subs or direct)  # an outbound form is needed
-                any_lmq = any_lmq or bool(plan.lmq_subs)
+                plain = None  # (and the plan's fields, read once per run:)
+                ut, tb, targets, direct, lmq_subs = plan.ut, plan.tb, plan.targets, plan.direct, plan.lmq_subs
                 if plan.wake_groups:
                     wake_groups.update(plan.wake_groups)
             iprops = it.properties
             keys: tuple[str, ...] = ()
             if iprops is None and not it.retain:
-                # one dict for the run's plain PUBLISHes (nothing on the send path changes a
-                # message's properties in place): built once, and the store encodes its
-                # record header once per run (core_broker.record.door_head). Not while
-                # several gateways stamp each message with its origin (below).
-                if stamp is not None:
-                    props = {P_TOPIC: topic, P_QOS: QOS_STR[qos], P_MQTT_CLIENT_ID: publisher}
-                else:
-                    if plain is None:
-                        plain = {P_TOPIC: topic, P_QOS: QOS_STR[qos], P_MQTT_CLIENT_ID: publisher}
-                    props = plain
+                # one dict per run unless stamped below (the store encodes its header once: door_head)
+                if plain is None or stamp is not None:
+                    plain = {P_TOPIC: topic, P_QOS: QOS_STR[qos], P_MQTT_CLIENT_ID: publisher}
+                props = plain
                 expiry = 0
             else:
                 props = message_properties(topic, qos, it.retain, iprops)
@@ -474,7 +459,7 @@ class MQTTBroker:
             msgs.append(Message(ut, it.payload, properties=props, protocol="mqtt", extra_dispatch=targets,
                                 keys=keys))
             out = None
-            if routed:
+            if lmq_subs or direct:
                 out = Outgoing(topic, it.payload, qos, it.retain, forward_props(iprops) if iprops else None, expiry,
                                tb, ut)
                 if direct:
@@ -490,7 +475,7 @@ class MQTTBroker:
             if delivery.tracer.on:
                 trace_mark_sent(results, outs)
             codes = [0 if p.matched else C.RC_NO_MATCHING_SUBSCRIBERS for p in plans]
-            for res, plan, out in zip(results, plans, outs) if any_lmq else ():
+            for res, plan, out in zip(results, plans, outs):
                 subs_ = plan.lmq_subs
                 if not subs_:
                     continue
