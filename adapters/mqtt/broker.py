@@ -420,8 +420,7 @@ class MQTTBroker:
         # per message: its plan (its QoS 1/2 subscriptions, in extra_dispatch order) and outbound form
         plans: list[Plan] = []
         outs: list[Outgoing | None] = []
-        routing, retained = self.routing, False
-        plan_cache = routing.plans
+        routing, plan_cache, retained = self.routing, self.routing.plans, False
         last_topic, last_qos, gen, plan = None, -1, -1, None
         stamp = self.tail.stamp if self.tail.several else None  # several gateways: the origin of each
         plain: dict[str, str] | None = None  # the properties of a plain PUBLISH of this run
