@@ -351,13 +351,9 @@ async def pull_page(reader: Reads, ctx: RequestContext, topic: str, queue_id: in
     if filter_expression is None and hasattr(reader, "pull_batches"):  # a batch topic: whole records
         whole = await reader.pull_batches(ctx, topic, queue_id, offset, max_count)
         if whole is not None:
-            from .batch_arrow import batch_rows
+            from .batch_arrow import page_rows
 
-            end, rows = offset, []
-            for first, n, rec in whole[0]:
-                hi = min(first + n, offset + max_count)
-                rows.append(batch_rows(topic, queue_id, first, rec, max(first, end), hi))
-                end = hi
+            rows, end = page_rows(topic, queue_id, offset, max_count, whole[0])
             return ArrowPage(to_ipc(rows), MEDIA_TYPE, end, whole[1], whole[2])
     if filter_expression is None:
         raw = await reader.pull_raw(ctx, topic, queue_id, offset, max_count)

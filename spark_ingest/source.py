@@ -105,9 +105,8 @@ def _fetch(client: GatewayClient, state: dict, topic: str, queue_id: int, offset
            want: int) -> tuple[list[pa.RecordBatch], int, int]:
     """One page as (its non-empty batches, queue min offset, queue max offset).
 
-    An Arrow page's batches are kept as the door sent them (one per batch record on a batch
-    topic): concatenating them would copy every column once more in the Python worker for
-    nothing, since Spark takes any number of batches."""
+    An Arrow page's batches are kept as the door sent them (the door sends a page as one batch
+    already, batch topics included: every batch costs Spark's worker and JVM a fixed price)."""
     if state["arrow"]:
         try:
             batches, _nxt, lo, hi = client.pull_arrow(topic, queue_id, offset, want)
