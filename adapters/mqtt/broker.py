@@ -129,6 +129,7 @@ class MQTTBroker:
         self.session_store.gid = self.fleet.gid if self.fleet.enabled else None
         if self.fleet.enabled:  # the feed does not bring this gateway's own record writes back
             self.session_store.batch.writer = self.fleet.gid
+            self.delivery.save_lanes = False  # a new owner reads every broker's lanes (adopt_owned)
 
     # -- lifecycle
 

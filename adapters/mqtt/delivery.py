@@ -61,6 +61,11 @@ class Delivery:
         self.save_session = save_session
         self.sub_ids = sub_ids
         self.shared = shared  # shared groups' in-flight messages are acknowledged there
+        # a persistent session's record is written again when it gains a lane, for a restart to
+        # read that lane back; with a fleet (fleet.py) a session's next owner reads every broker's
+        # lane instead (adopt_owned), so the write, its replication and every other gateway's
+        # copy refresh would be paid per first message for nothing (issue 21)
+        self.save_lanes = True
         self.mem = MemoryBudget(config.mem_queue_bytes)  # every cursor's in-memory window (_mem_push)
         self._dirty_sessions: set[Session] = set()
         self._dirty_wake = asyncio.Event()  # set when _dirty_sessions stops being empty
@@ -133,9 +138,11 @@ class Delivery:
             key = (lmq, b)
             try:
                 start = await committed_floor(self.processor, self.ctx, OFFSET_GROUP, lmq, b)
+                hosted = True  # committed_floor hosted the LMQ there
             except UnimqError:
-                start = 0
-            s.cursors[key] = Cursor(b, start, must_pull=True)
+                start, hosted = 0, False
+            cur = s.cursors[key] = Cursor(b, start, must_pull=True)
+            cur.hosted = hosted
             self._lane_brokers.add(b)
             s.pending[key] = 1
 
@@ -230,8 +237,11 @@ class Delivery:
                     if c.end > c.read:
                         runs.note(c.broker, c.end - c.read)
             cur = s.cursors[key] = Cursor(broker)  # type: ignore[index]
+            # made for an entry ``broker`` stored: that broker names the LMQ already, no
+            # hosting call before the first pull (lmq_reader.pull_lane)
+            cur.hosted = True
             self._lane_brokers.add(broker)
-            if s.persistent:  # the lane list is part of the saved session (read back after a restart)
+            if s.persistent and self.save_lanes:  # the lane list is part of the saved session
                 self.spawn(self.save_session(s))
         return cur
 

@@ -28,7 +28,9 @@ How (README "MQTT door", "Several gateways"):
   and ``"h"`` = the claimed epoch. The new owner then restores the session from
   that record, reading every broker's lane from its committed floor: messages
   acknowledged before are not sent again, unacknowledged ones are (QoS 1: at
-  least once). A dead owner (not in the brokers' list of gateways polling) is not
+  least once); so a record is not written again when its session gains a lane
+  (``Delivery.save_lanes``): that would cost every first message a write, its
+  replication and a copy refresh at every gateway. A dead owner (not in the brokers' list of gateways polling) is not
   waited for.
 - A gateway storing a message into the queue of a session another live gateway
   owns leaves that gateway a *note* on the broker that stored it (lane name);
