@@ -18,8 +18,6 @@ import urllib.request
 from typing import Iterator
 
 import pytest
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from adapters.mqtt import codec as C
 from conftest import TEST_STORE_ARGS
@@ -160,34 +158,6 @@ def test_mosquitto_clients_persistent_session_on_a_second_gateway(cluster: Clust
     r = run("mosquitto_sub", "-p", str(_port(b)), *sub, "-C", "2", "-W", "30")
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.split()) == ["one", "two"]  # two publishers: no order between them
-
-
-def test_messages_for_a_device_on_another_gateway_arrive_in_order_with_their_properties(cluster: Cluster) -> None:
-    """Small messages ride in their wake-up note to the owner gateway, larger ones are read from
-    the store (fleet.py, CARRY_BYTES): mixed, every one arrives once, in order, as published
-    (payload, v5 properties, retain flag), to a v5 and to a 3.1.1 device."""
-    a, b = cluster.gateways
-    v5 = Paho(_port(a), "gw-carry-v5", v5=True, clean=False, session_expiry=NEVER)
-    v5.subscribe("gwcarry/dev/cmd", qos=1)
-    v3 = Paho(_port(a), "gw-carry-v3", clean=False)
-    v3.subscribe("gwcarry/dev/cmd", qos=1)
-    sent = [(b"s-%03d" % i) * (1 if i % 3 else 60) for i in range(30)]  # every third over 256 bytes
-    pub = Paho(_port(b), None, v5=True)
-    for i, body in enumerate(sent):
-        props = Properties(PacketTypes.PUBLISH)
-        props.ContentType = "text/x-test"
-        props.UserProperty = [("seq", str(i))]
-        pub.publish("gwcarry/dev/cmd", body, qos=1, properties=props)
-    pub.disconnect()
-    got = v5.get_n(len(sent), timeout=30)
-    assert [m.payload for m in got] == sent
-    assert [m.properties.UserProperty for m in got] == [[("seq", str(i))] for i in range(len(sent))]
-    assert all(m.properties.ContentType == "text/x-test" and m.qos == 1 and not m.retain for m in got)
-    assert [m.payload for m in v3.get_n(len(sent), timeout=30)] == sent
-    v5.nothing()
-    v3.nothing()
-    v5.disconnect()
-    v3.disconnect()
 
 
 def test_takeover_while_qos1_in_flight_loses_nothing(cluster: Cluster) -> None:

@@ -475,7 +475,7 @@ class MQTTBroker:
             if delivery.tracer.on:
                 trace_mark_sent(results, outs)
             codes = [0 if p.matched else C.RC_NO_MATCHING_SUBSCRIBERS for p in plans]
-            for res, plan, out, m in zip(results, plans, outs, msgs):
+            for res, plan, out in zip(results, plans, outs):
                 subs_ = plan.lmq_subs
                 if not subs_:
                     continue
@@ -489,7 +489,7 @@ class MQTTBroker:
                         # another gateway's: tell it to read its lane (online or not, as this
                         # copy says: the copy may be older than the owner's own state)
                         if fleet.alive(s.owner):
-                            fleet.note(res.broker, s, sub.lmq, 0, m, offsets[j] if offsets is not None else -1)  # type: ignore[arg-type]
+                            fleet.note(res.broker, s, sub.lmq)  # type: ignore[arg-type]
                         continue  # a dead owner's session waits in the store for its next CONNECT
                     if offsets is not None:
                         delivery.offer(s, sub, out, offsets[j], res.broker)  # type: ignore[arg-type]

@@ -34,11 +34,7 @@ How (README "MQTT door", "Several gateways"):
   waited for.
 - A gateway storing a message into the queue of a session another live gateway
   owns leaves that gateway a *note* on the broker that stored it (lane name);
-  the owner reads the lane at once. A small message (``CARRY_BYTES``) rides in
-  its note with its lane offset, and the owner hands it on as a message stored
-  here is (``Delivery.offer``: sent at once when the session is caught up at
-  that offset, else kept or read back from the store in lane order), so a first
-  message costs no pull (issue 21: that read was a third of its CPU).
+  the owner reads the lane at once.
 
 The guarantee (issue 21): a message acknowledged for a persistent session connected
 at a live gateway is delivered promptly, never left for the next reconnect. Notes
@@ -76,13 +72,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from core_broker.model import Message
-from core_broker.system_topics import public_properties
 from gateway.api import DoorFeed
 
 from .codec import MQTTProtocolError
 from .copies import Copy
-from .mapping import outgoing_from_stored
 from .retained import KV_RETAINED
 from .session import Session
 from .session_store import KV_SESSIONS
@@ -98,9 +91,6 @@ WATCH_S = 2.0  # a watch call's long poll on a broker
 NAMESPACES = [KV_SESSIONS, KV_RETAINED]
 NOTE_TRIES = 4  # a note sent to a broker that does not answer is sent again, this often at most
 MAX_HOPS = 3  # a note passed on from a gateway that no longer holds the session, at most this often
-# a message of at most this many payload bytes rides in its note (a broker holds up to
-# door_feed.MAX_NOTES notes per gateway until they are taken: ~40 MB at most with these)
-CARRY_BYTES = 256
 
 
 class Fleet:
@@ -205,11 +195,8 @@ class Fleet:
                     if ver > seen.get(key, -1):
                         seen[key] = ver
                         self._apply(ns, key, val)
-            notes = r["notes"]
-            for note in notes:
+            for note in r["notes"]:
                 self._wake(note)
-            if notes:
-                self.broker.delivery.count_out()  # the messages notes carried, delivered from memory
         except Exception:  # pragma: no cover - one bad record must not stop the feed
             log.exception("mqtt fleet: applying door-state changes failed")
         return r["inc"], r["seq"]
@@ -442,18 +429,12 @@ class Fleet:
         """Is ``s`` a routing copy of a session online at another gateway?"""
         return s.owner is not None and s.owner != self.gid and s.online
 
-    def note(self, broker: str, s: Session | Copy, lmq: str, hops: int = 0, msg: Message | None = None,
-             offset: int = -1) -> None:
-        """``broker`` stored a message in ``lmq`` of ``s`` (online elsewhere): tell its owner.
-        With ``msg`` (stored at ``offset`` of that lane) and small enough, the message goes along."""
+    def note(self, broker: str, s: Session | Copy, lmq: str, hops: int = 0) -> None:
+        """``broker`` stored a message in ``lmq`` of ``s`` (online elsewhere): tell its owner."""
         per = self._notes.get(broker)
         if per is None:
             per = self._notes[broker] = {}
-        if msg is not None and offset >= 0 and len(msg.body) <= CARRY_BYTES:
-            # [client id, lmq, broker, hops, offset, unified topic, properties as a pull returns them, payload]
-            item = [s.client_id, lmq, broker, hops, offset, msg.topic, public_properties(msg.properties), msg.body]
-        else:
-            item = [s.client_id, lmq, broker, hops] if hops else [s.client_id, lmq, broker]
+        item = [s.client_id, lmq, broker, hops] if hops else [s.client_id, lmq, broker]
         per.setdefault(s.owner, []).append(item)  # type: ignore[arg-type]
 
     def flush_notes(self) -> None:
@@ -492,21 +473,12 @@ class Fleet:
                 self.note(broker, s, lmq, hops + 1)
                 self.flush_notes()
             return
-        d = b.delivery
-        sub = d._sub_of_lmq(s, lmq)
-        if sub is None:
-            return
-        if len(note) >= 8 and s.conn is not None and not d.tracer.on:
-            # the message came along: handed on as one stored here (a traced one is read back,
-            # which marks it read)
-            out = outgoing_from_stored(note[6], note[7], note[5])
-            out.ut = note[5]
-            d.offer(s, sub, out, note[4], broker)
-            return
-        # even before the session's connection is attached (a CONNECT on its way): the lane
-        # is made and marked, and the CONNECT's resume reads it
-        d.must_pull(s, sub, broker)
-        d.wake(s)
+        sub = b.delivery._sub_of_lmq(s, lmq)
+        if sub is not None:
+            # even before the session's connection is attached (a CONNECT on its way): the lane
+            # is made and marked, and the CONNECT's resume reads it
+            b.delivery.must_pull(s, sub, broker)
+            b.delivery.wake(s)
 
     def rewake(self) -> None:
         """Read every lane of every session connected here again: after a watch call failed, the
