@@ -15,7 +15,8 @@ Modules, one concept each, bottom up:
   ``gateway.lmq_reader``); ``shared``: shared subscriptions' pop/ack delivery.
 - ``connection``: one network connection, a thin loop around codec and state; ``deadlines``: the
   CONNECT deadline of connections yet to send one (one timer for the door).
-- ``broker``: the door tying them (CONNECT, SUBSCRIBE, publishing, the router seam).
+- ``broker``: the door tying them (CONNECT, SUBSCRIBE, publishing); ``xroute``: the router seam
+  (messages other doors send on MQTT topics).
 - Several gateways: ``fleet`` / ``copies`` (persistent sessions, routing copies), ``tail``
   (clean sessions and QoS 0: other gateways' messages read from the store topics),
   ``fleet_share`` (shared subscriptions' groups across the fleet).

@@ -19,7 +19,7 @@ How MQTT maps onto the one model (README, "MQTT door"), and where each part live
 - ``connection`` and ``state``: one network connection and its protocol state.
 - Messages other doors send with an ``mqtt_topic`` property (AMQP ``amq.topic``
   with routing key ``a.b.c`` is MQTT ``a/b/c``) reach MQTT subscribers through
-  the processor's router seam (:meth:`MQTTBroker.route` / ``after_send``).
+  the processor's router seam (``xroute``: :class:`CrossDoorRouter`).
 
 This module is what ties them: CONNECT (authentication, takeover, resume),
 the connection's end, SUBSCRIBE / UNSUBSCRIBE, and publishing a batch.
@@ -30,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any, Coroutine, Sequence
+from typing import Any, Coroutine
 
 from core_broker.errors import MessageTooLargeError, StoreFullError, UnimqError
-from core_broker.model import DispatchTarget, Message
+from core_broker.model import Message
 from gateway.access.certs import cert_identity, is_tls, known_identity
 from gateway.access.traffic import QuotaExceededError
 from gateway.api import MessagingAPI
@@ -50,7 +50,8 @@ from .deadlines import ConnectDeadlines
 from .delivery import Delivery
 from .fleet import Fleet
 from .tail import Tail
-from .tracing import delivered as trace_delivered, mark_sent as trace_mark_sent
+from .xroute import CrossDoorRouter
+from .tracing import mark_sent as trace_mark_sent
 from .mapping import (
     P_EXPIRY_AT,
     P_MQTT_CLIENT_ID,
@@ -119,13 +120,11 @@ class MQTTBroker:
         self.wills = Wills(self.spawn, self.publish)
         self.connections: set[Connection] = set()
         self.connect_deadlines = ConnectDeadlines()  # connections yet to send CONNECT
-        # messages other doors are sending to MQTT subscribers: id(message) -> what route() decided
-        self._xroute: dict[int, tuple[Outgoing, list[tuple[Subscription, DispatchTarget]], list[Subscription],
-                                      list[SharedGroup]]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.sys = SysTopics(self, cfg.sys_interval_s, _version())
         self.fleet = Fleet(self)  # several gateways sharing these sessions
         self.tail = Tail(self)  # ... and what other gateways store for subscribers only this one serves
+        self.xroute = CrossDoorRouter(self)  # what other doors send on MQTT topics
         self.session_store.gid = self.fleet.gid if self.fleet.enabled else None
         if self.fleet.enabled:  # the feed does not bring this gateway's own record writes back
             self.session_store.batch.writer = self.fleet.gid
@@ -146,7 +145,7 @@ class MQTTBroker:
         await self.fleet.start()
         await self.tail.start()
         self.sys.start()
-        self.processor.add_router(self)  # messages other doors send on MQTT topics
+        self.processor.add_router(self.xroute)  # messages other doors send on MQTT topics
 
     def _identities_changed(self) -> None:
         """Users or permissions changed: ask again for every session (open connections included)."""
@@ -174,7 +173,7 @@ class MQTTBroker:
     async def stop(self) -> None:
         if self.identities is not None and self._identities_changed in self.identities.listeners:
             self.identities.listeners.remove(self._identities_changed)
-        self.processor.remove_router(self)
+        self.processor.remove_router(self.xroute)
         await self.tail.stop()
         await self.fleet.stop()
         await self.sys.stop()
@@ -517,98 +516,6 @@ class MQTTBroker:
                 if it.retain and code < 0x80:
                     await self.retained.retain(it)
         return codes
-
-    # -- the processor's Router seam: messages sent by other doors (AMQP amq.topic, ...)
-
-    def routes_from(self, protocol: str) -> bool:
-        """Every door's messages but the door's own (routed at publish) may reach MQTT subscribers."""
-        return protocol != "mqtt"
-
-    def route(self, m: Message) -> Sequence[DispatchTarget]:
-        """Dispatch targets for a message another door is storing with an ``mqtt_topic``.
-
-        AMQP's ``amq.topic`` with routing key ``a.b.c`` is stored as MQTT ``a/b/c``
-        (RabbitMQ's MQTT-plugin convention); MQTT subscribers must see it like any
-        MQTT publish. QoS is the message's ``mqtt_qos`` (1 when absent: stored, acked).
-        """
-        if m.protocol == "mqtt":
-            return ()  # the door routed its own publishes already
-        props = m.properties
-        topic = props.get(P_TOPIC) if props else None
-        if not topic:
-            return ()
-        if self.tail.several:  # other gateways deliver it to their subscribers from their tails
-            props[P_ORIGIN] = self.tail.stamp(m.topic)
-        subs, groups = self.routing.match(topic)
-        if not subs and not groups:
-            return ()
-        out = outgoing_from_stored(props, m.body, m.topic)
-        out.ut = m.topic
-        targets: list[DispatchTarget] = []
-        lmq_subs: list[tuple[Subscription, DispatchTarget]] = []
-        direct: list[Subscription] = []
-        access = self.access if self.access.enforced else None
-        for sub in subs:
-            if access is not None and not access.can_read(sub.session, topic):
-                continue
-            q = sub.qos if sub.qos < out.qos else out.qos
-            if q == 0 or not sub.lmq or not sub.lmq_ready:
-                if sub.session.conn is not None:
-                    direct.append(sub)
-                continue
-            t = DispatchTarget(sub.lmq, 0)
-            targets.append(t)
-            lmq_subs.append((sub, t))
-        for g in groups:
-            if out.qos and g.qos and g.lmq_ready:
-                targets.append(DispatchTarget(g.lmq, 0))
-                g.pending += 1
-        if len(self._xroute) > 10_000:  # sends that failed never reach after_send
-            self._xroute.clear()
-        self._xroute[id(m)] = (out, lmq_subs, direct, groups)
-        return targets
-
-    def after_send(self, messages: Sequence[Message], results: Sequence[Any]) -> None:
-        """Live delivery of what :meth:`route` dispatched, once it is stored."""
-        if not self._xroute:
-            return
-        delivery = self.delivery
-        for m, res in zip(messages, results):
-            plan = self._xroute.pop(id(m), None)
-            if plan is None or res is None:
-                continue
-            out, lmq_subs, direct, groups = plan
-            if delivery.tracer.on:
-                trace_mark_sent((res,), (out,))
-            extra = list(m.extra_dispatch)
-            offsets = res.extra_offsets
-            for sub, t in lmq_subs:
-                if not self.fleet.owns(sub.session):
-                    if self.fleet.alive(sub.session.owner):  # type: ignore[arg-type]
-                        self.fleet.note(res.broker, sub.session, sub.lmq)  # type: ignore[arg-type]
-                    continue
-                try:
-                    off = offsets[extra.index(t)]
-                except (ValueError, IndexError):
-                    delivery.must_pull(sub.session, sub, res.broker)
-                    delivery.wake(sub.session)
-                    continue
-                delivery.offer(sub.session, sub, out, off, res.broker)
-            for sub in direct:
-                conn = sub.session.conn
-                if conn is not None:
-                    conn.deliver(out, 0, False, Routing.sub_ids(sub.session, out.topic, sub))
-                    if delivery.tracer.on:
-                        trace_delivered(delivery.tracer, sub.session, sub.filter, out, 0)
-            for g in groups:
-                if out.qos == 0 or g.qos == 0 or not g.lmq_ready:
-                    member = g.next_online()
-                    if member is not None and member.session.conn is not None:
-                        member.session.conn.deliver(out, 0, False, member_sub_ids(member))
-                else:
-                    self.shared.wake(g)
-        self.fleet.flush_notes()
-        delivery.count_out()
 
     # -- connection lifecycle
 
