@@ -417,6 +417,17 @@ class BrokerController(MessageQueries, DoorStateKv):
             await self.store.wait_durable(last)
         return out
 
+    def put_nowait(self, msg: Message) -> PutResult:
+        """One plain message stored at once, for callers in this process whose send waits for nothing
+        (``durability.waits`` false: async flush, no replica condition; so nothing can refuse the
+        write either). A delayed message is scheduled by :meth:`send` instead."""
+        if self.durability.waits or msg.delivery_time_ms:
+            raise BadRequestError("a delayed message, or a write that must wait, goes through send()")
+        r = self.store.put_nowait(msg)
+        if self._waiters:
+            self._notify_sent((msg,))
+        return r
+
     def _notify_sent(self, msgs: Sequence[Message]) -> None:
         """Wake long polls on the topics just written (multi-dispatch queues too)."""
         for m in msgs:

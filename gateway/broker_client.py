@@ -119,6 +119,15 @@ class BrokerClient(Protocol):
     async def send(
         self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
     ) -> list[tuple[PutResult, str | None]]: ...
+    def writes_now(self) -> bool:
+        """True when a plain message's write is acknowledged as soon as it is written (a broker in
+        this process, async flush, no replica condition): the processor may then use
+        :meth:`put_nowait` for a single send. Asked per send: a replica condition can come and go."""
+        ...
+    def put_nowait(self, broker: str, msg: Message) -> PutResult:
+        """One plain (not delayed, not transactional) message stored by a synchronous call; only
+        while :meth:`writes_now` holds (the remote client never does, and refuses)."""
+        ...
     async def end_transaction(self, broker: str, transaction_id: str, commit: bool, source: str) -> None: ...
     def set_transaction_checker(self, checker: TransactionChecker | None) -> None: ...
 
@@ -279,6 +288,12 @@ class LocalBrokerClient:
         self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
     ) -> Coroutine[Any, Any, list[tuple[PutResult, str | None]]]:
         return self._check(broker).send(msgs, transactional=transactional, producer_group=producer_group)
+
+    def writes_now(self) -> bool:
+        return not self.broker.durability.waits
+
+    def put_nowait(self, broker: str, msg: Message) -> PutResult:
+        return self._check(broker).put_nowait(msg)
 
     async def end_transaction(self, broker: str, transaction_id: str, commit: bool, source: str) -> None:
         await self._check(broker).end_transaction(transaction_id, commit, source)

@@ -17,14 +17,14 @@ import time
 from typing import Callable, Sequence
 
 from core_broker.broker_controller import TopicStats
-from core_broker.errors import (BadRequestError, BrokerWriteBlockedError, InvalidArgumentError, MessageTooLargeError,
+from core_broker.errors import (BadRequestError, BrokerWriteBlockedError, InvalidArgumentError,
                                  TopicNotFoundError, UnimqError)
 from core_broker.remoting.client import PeerUnavailableError
 from core_broker.filter import compile_filter
 from core_broker.model import FilterExpression, GetResult, Message, MessageType, StoredMessage
 from core_broker.pop_service import PoppedMessage
 from core_broker.receipt import InvalidReceiptHandleError, broker_of
-from core_broker.system_topics import RESERVED_PREFIX, dlq_topic, is_lmq, is_system_topic
+from core_broker.system_topics import dlq_topic, is_lmq, is_system_topic
 from core_broker.topic_config import TopicConfig, merge_attributes, validate_attributes, validate_topic_name
 from core_broker.transaction_service import TransactionChecker
 
@@ -51,7 +51,8 @@ from .trace import Tracer, check_trace_attributes
 from .batch_codec import expand_all, expand_popped
 from .batch_send import check_batchable, pack_call
 from .processor_bulk import BulkCalls
-from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, PLAIN_KEYS_MAX as _PLAIN_KEYS_MAX, TopicPlan, message_type_of, select_queue
+from .send_now import SendNow, too_large
+from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, TopicPlan, clean_properties, message_type_of, select_queue
 
 __all__ = [
     "ACCEPTED_MESSAGE_TYPES", "MessageTypeMismatchError", "MessagingProcessor", "NoWritableQueueError",
@@ -66,7 +67,7 @@ _PUB, _SUB, _TOPIC, _GROUP = Action.PUBLISH, Action.SUBSCRIBE, Resource.TOPIC, R
 
 
 @namespaced_calls
-class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCalls, TraceCalls, BulkCalls):
+class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCalls, TraceCalls, BulkCalls, SendNow):
     """The processor API (gateway/api.py :class:`MessagingAPI`) over a broker client.
 
     Namespaces are applied to every call of the API by the class decorator
@@ -163,14 +164,18 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
     def _plan_nowait(self, ctx: RequestContext, topic: str) -> TopicPlan | None:
         """Everything a send needs about one topic, once per call; None when the route
         is not at hand without a round trip (then :meth:`_send_plan`)."""
-        if topic[:1] == "%" and not is_lmq(topic):
-            raise BadRequestError(f"topic {topic!r} is reserved for the broker")
-        if not self._allow_all:  # every send asks: the out-of-the-box broker pays no call
-            self._check(ctx, _PUB, _TOPIC, topic)
+        self._publish_check(ctx, topic)
         route = self._route_nowait(topic)
         if route is None:
             return None
         return self._plan_for(topic, route)
+
+    def _publish_check(self, ctx: RequestContext, topic: str) -> None:
+        """Every send to ``topic`` asks: not a broker-reserved topic, and the caller may publish."""
+        if topic[:1] == "%" and not is_lmq(topic):
+            raise BadRequestError(f"topic {topic!r} is reserved for the broker")
+        if not self._allow_all:  # the out-of-the-box broker pays no call
+            self._check(ctx, _PUB, _TOPIC, topic)
 
     async def _send_plan(self, ctx: RequestContext, topic: str) -> TopicPlan:
         route = await self._route(ctx, topic, create=True)
@@ -202,6 +207,9 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         """
         n = len(messages)
         if n == 1 and not transactional:
+            # one plain message that waits for nothing: a synchronous broker call (send_now.py)
+            if (now_done := self._send_now(ctx, messages)) is not None:
+                return now_done
             # only a batch topic with a linger gathers single sends: asked without a coroutine first
             lp = self._plans.get(messages[0].topic)
             if lp is not None and lp.linger and (lingered := await self._lingered(ctx, messages)) is not None:
@@ -252,7 +260,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             size = len(m.body)
             nbytes += size
             if size > max_size:
-                raise MessageTooLargeError(f"message body of {size} bytes exceeds the limit of {max_size}")
+                raise too_large(size, max_size)
             # the message's type as a plain string (a str hash is cached; an enum's is not)
             if transactional:
                 mtype = "TRANSACTION"
@@ -263,18 +271,12 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             else:
                 mtype = "NORMAL"
             if mtype not in accepts:
-                raise MessageTypeMismatchError(
-                    f"topic {topic!r} is a {plan.route.config.message_type.value} topic and does not take "  # type: ignore[union-attr]
-                    f"{mtype} messages"
-                )
+                raise plan.refused(mtype)  # type: ignore[union-attr]
             if batch is not None:
                 check_batchable(topic, mtype)
             props = m.properties
             if props and not _PLAIN_KEYS.issuperset(props):
-                if any(k.startswith(RESERVED_PREFIX) for k in props):
-                    m.properties = {k: v for k, v in props.items() if not k.startswith(RESERVED_PREFIX)}
-                elif len(_PLAIN_KEYS) < _PLAIN_KEYS_MAX:
-                    _PLAIN_KEYS.update(props)
+                clean_properties(m)
             if m.protocol == "internal":
                 m.protocol = protocol
             if not m.born_host:
@@ -343,12 +345,16 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             for m in messages:
                 metrics.inc_topic("messages_in", protocol, m.topic)
                 metrics.inc_topic("bytes_in", protocol, m.topic, len(m.body))
-        for router in routers:
+        if routers:
+            self._after_send(messages, results)
+        return results
+
+    def _after_send(self, messages: Sequence[Message], results: list[SendResult]) -> None:
+        for router in self._routers:
             try:
                 router.after_send(messages, results)
             except Exception:  # a door's live delivery must never fail a stored send
                 log.exception("router %r failed after a send", router)
-        return results
 
     async def _send_grouped(
         self,

@@ -365,6 +365,12 @@ class RemoteBrokerClient:
         except QueueMovedError:  # a static topic's logic queue was remapped: to its new broker
             return await static_topics.resend_moved(self, msgs, transactional, producer_group)
 
+    def writes_now(self) -> bool:
+        return False  # every write is a round trip: sends take the awaited path
+
+    def put_nowait(self, broker: str, msg: Message) -> PutResult:
+        raise BadRequestError("a remote broker is written with an awaited send")
+
     async def _send_once(
         self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
     ) -> list[tuple[PutResult, str | None]]:

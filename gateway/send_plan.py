@@ -14,7 +14,9 @@ from crc32c import crc32c
 from core_broker.errors import MessageKeyRequiredError
 from core_broker.model import Message, MessageType
 
-from .api import ACCEPTED_MESSAGE_TYPES, NoWritableQueueError
+from core_broker.system_topics import RESERVED_PREFIX
+
+from .api import ACCEPTED_MESSAGE_TYPES, MessageTypeMismatchError, NoWritableQueueError
 from .batch_send import compression_of, is_batch
 from .broker_client import QueueRoute, TopicRoute
 
@@ -27,6 +29,16 @@ PLAIN_KEYS_MAX = 4096
 # A compacted topic's messages are placed by key; an MQTT publish (and an AMQP publish to
 # amq.topic) without a key of its own is keyed by its MQTT topic name, as retained messages are.
 MQTT_TOPIC = "mqtt_topic"
+
+
+def clean_properties(m: Message) -> None:
+    """A sent message whose properties hold a name not in PLAIN_KEYS (the send paths test that
+    first): the broker's reserved names are dropped, or the plain names learnt."""
+    props = m.properties
+    if any(k.startswith(RESERVED_PREFIX) for k in props):
+        m.properties = {k: v for k, v in props.items() if not k.startswith(RESERVED_PREFIX)}
+    elif len(PLAIN_KEYS) < PLAIN_KEYS_MAX:
+        PLAIN_KEYS.update(props)
 
 
 def compaction_key(m: Message) -> str:
@@ -72,6 +84,12 @@ class TopicPlan:
         self.batch = compression_of(route.config) if is_batch(route.config) else None
         # single sends wait up to this many ms to join a batch (gateway/batch_linger.py); 0: off
         self.linger = int(route.config.attributes.get("batch.linger_ms", "0")) if self.batch else 0
+
+    def refused(self, mtype: str) -> MessageTypeMismatchError:
+        """The error of a message of type ``mtype`` (not in :attr:`accepts`) sent to this topic."""
+        return MessageTypeMismatchError(
+            f"topic {self.route.config.name!r} is a {self.route.config.message_type.value} topic and does not "
+            f"take {mtype} messages")
 
     def select(self, m: Message) -> QueueRoute:
         nw = self.nw

@@ -96,6 +96,30 @@ async def test_message_ids_stay_unique_across_a_restart(processor):
     assert len(before) == len(after) == 50 and not before & after
 
 
+async def test_repeated_single_sends_keep_every_check_and_stamp(processor):
+    """From the second single send to a topic on, the merged deployment takes the short path
+    (gateway/send_now.py): the same refusals, stamps and results as the first send."""
+    await processor.create_topic(CTX, "one-txn", message_type=MessageType.TRANSACTION)
+    await processor.create_topic(CTX, "one", queues=2)
+    limit = processor.config.max_message_size
+    for _ in range(3):  # the first round plans the topics, the others find the plans
+        with pytest.raises(MessageTypeMismatchError):
+            await processor.send(CTX, [msg("one-txn", "x")])
+        with pytest.raises(MessageTooLargeError):
+            await processor.send(CTX, [msg("one", b"x" * (limit + 1))])
+    results = [(await processor.send(CTX, [msg("one", f"{i}", properties={"__rt": "x", "k": "v"})]))[0]
+               for i in range(4)]
+    assert [r.queue_id for r in results] in ([0, 1, 0, 1], [1, 0, 1, 0])
+    assert [r.queue_offset for r in results] == [0, 0, 1, 1]
+    got = await pop_until(processor, "g", "one", 4)
+    assert sorted(bodies(got)) == [b"0", b"1", b"2", b"3"]
+    by_id = {r.message_id: r for r in results}
+    for p in got:
+        m = p.message
+        assert m.properties == {"k": "v"} and m.protocol == "test" and m.born_host == CTX.remote_address
+        assert (m.queue_id, m.queue_offset) == (by_id[m.message_id].queue_id, by_id[m.message_id].queue_offset)
+
+
 # ----------------------------------------------------------------------------- topics and types
 
 

@@ -17,7 +17,7 @@ from core_broker.config import FlushMode
 from core_broker.durability import DurabilityPolicy, ReplicaCondition
 from core_broker.errors import NotEnoughInSyncReplicasError, NotMasterError
 from core_broker.model import Message
-from store_helpers import stores  # noqa: F401  (a fixture)
+from store_helpers import make_config, stores  # noqa: F401  (stores is a fixture)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -170,3 +170,32 @@ async def test_a_stores_replicas_are_awaited_only_after_its_own_fdatasync(stores
     await asyncio.wait_for(s.wait_durable(r), 10)
     assert [(k, e) for k, e, _ in seen] == [("written", end), ("wait", end)]
     assert seen[1][2] >= end  # the local fdatasync covered the record before the replicas were awaited
+
+
+async def test_a_merged_single_send_waits_again_once_a_replica_condition_is_installed(tmp_path) -> None:
+    """The processor's short single send (gateway/send_now.py) applies only while nothing needs
+    waiting: with a replica condition installed, the next send is checked, told and awaited."""
+    from core_broker.config import BrokerConfig
+    from gateway.context import RequestContext
+    from gateway.deployment import merged_processor
+
+    p = merged_processor(make_config(tmp_path), BrokerConfig())
+    await p.start()
+    try:
+        ctx = RequestContext("test")
+        for i in range(3):  # the first send plans the topic; the next ones take the short path
+            await p.send(ctx, [Message("d", b"%d" % i)])
+        steps = Steps()
+        p.broker.broker.durability.set_replica_condition(RecordingReplicas(steps))  # type: ignore[attr-defined]
+        [r] = await asyncio.wait_for(p.send(ctx, [Message("d", b"replicated")]), 10)
+        assert [k for k, _ in steps.log] == ["check", "written", "replicas", "replicated"]
+        assert steps.log[1][1] == steps.log[2][1] > 0 and r.message_id  # that record's end, awaited
+        steps.refuse = NotMasterError("deposed")
+        with pytest.raises(NotMasterError):
+            await p.send(ctx, [Message("d", b"refused")])
+        p.broker.broker.durability.set_replica_condition(None)  # type: ignore[attr-defined]
+        await p.send(ctx, [Message("d", b"local again")])
+        assert p.metrics.get("messages_in", "test") == 5  # counted on either path; not the refused one
+        assert [k for k, _ in steps.log] == ["check", "written", "replicas", "replicated", "check"]
+    finally:
+        await p.stop()
