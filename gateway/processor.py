@@ -207,8 +207,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         """
         n = len(messages)
         if n == 1 and not transactional:
-            # one plain message that waits for nothing: a synchronous broker call (send_now.py)
-            if (now_done := self._send_now(ctx, messages)) is not None:
+            if (now_done := self._send_now(ctx, messages)) is not None:  # waits for nothing: send_now.py
                 return now_done
             # only a batch topic with a linger gathers single sends: asked without a coroutine first
             lp = self._plans.get(messages[0].topic)
@@ -349,7 +348,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             self._after_send(messages, results)
         return results
 
-    def _after_send(self, messages: Sequence[Message], results: list[SendResult]) -> None:
+    def _after_send(self, messages: Sequence[Message], results: list[SendResult]) -> None:  # both send paths
         for router in self._routers:
             try:
                 router.after_send(messages, results)
