@@ -25,6 +25,9 @@ SPARK_ARGS   ?= --endpoint http://127.0.0.1:8080 --topics factory,events,orders 
 DATA_DIR     ?= ./unimq-data
 UNIMQ_ARGS   ?=
 PYTEST_ARGS  ?=
+# Test processes (pytest-xdist); a test file stays on one of them (--dist loadfile: module fixtures
+# such as a started cluster or a Spark session serve the whole file). 0 runs it in the make process.
+PYTEST_WORKERS ?= 2
 # Debian packages the test suite needs (real protocol peers such as mosquitto; chromium and
 # its WebDriver for the console's browser tests, tests/test_console_browser.py).
 # Installed with apt-get when running as root and missing; skipped when empty.
@@ -93,7 +96,7 @@ run: $(STAMP)
 
 test: $(STAMP_TEST)
 	@$(MAKE) --no-print-directory apt-deps NEED_JAVA=1
-	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Against a running unimq (`make run` in another terminal).
 demo: $(STAMP_DEMO)

@@ -40,7 +40,7 @@ LISTEN = re.compile(r"^unimq: (?P<door>\S+) listening on \[?(?P<host>[^\]\s]+?)\
 DEFAULT_PORTS = {"8080": "http", "8081": "grpc", "1883": "mqtt", "8083": "mqttws", "5672": "amqp", "9876": "nameserver"}
 SKIP_MARK = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<why>.+?)\s*-->")
 SERVER_LINE = re.compile(r"^\s*(make run\b|(\.venv/bin/)?unimq up\b)")
-BLOCK_TIMEOUT_S = 240
+BLOCK_TIMEOUT_S = 360
 
 
 @dataclass(frozen=True)
