@@ -98,7 +98,14 @@ def open_page(driver: Any, base: str, page: str) -> None:
 
 
 def door_total(driver: Any, door: str) -> int:
-    return int(driver.find_element(By.CSS_SELECTOR, f"#door-{door} .in-total").text.replace(",", ""))
+    """Read in one script call: the live refresh replaces the card every 500 ms, so an element found
+    by one WebDriver command can be stale by the next (a CI failure under load)."""
+    text = driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;",
+        f"#door-{door} .in-total")
+    if text is None:
+        raise AssertionError(f"no counter for the {door} door")
+    return int(text.replace(",", ""))
 
 
 def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any, shots: Path) -> None:
@@ -126,7 +133,8 @@ def test_console_pages_counters_search_and_reset(unimq_server: Any, browser: Any
     for i in range(3):
         assert h.post("/v1/topics/invoices/messages", params={"keys": f"inv-{i}"}, content=f"invoice {i}".encode()).is_success
     wait_for(lambda: all(door_total(browser, d) > before[d] for d in before), what="every door's counter to move")
-    wait_for(lambda: any(float(e.text.replace(",", "")) > 0 for e in browser.find_elements(By.CSS_SELECTOR, ".in-rate")),
+    wait_for(lambda: any(float(t.replace(",", "")) > 0 for t in browser.execute_script(
+        "return Array.from(document.querySelectorAll('.in-rate'), e => e.textContent);")),
              what="a rate on the chart")
     assert errors(browser) == []
     shots.mkdir(parents=True, exist_ok=True)
