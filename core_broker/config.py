@@ -71,6 +71,9 @@ class StoreConfig:
     tier_scan_interval_s: float = 5.0  # how often the upload worker looks for newly sealed segments
     tier_retry_max_s: float = 60.0  # longest back-off between two failed upload attempts
     tier_expiry_interval_s: float = 600.0  # how often tier retention runs (when no upload waits)
+    # The upload process runs this much nicer than the broker (and SCHED_BATCH when > 0): uploads are background
+    # work and must not take the core from the put path; 0: the broker's own priority.
+    tier_upload_nice: int = 10
     # Cold reads (offsets no longer on local disk) run on this many threads of their own, read
     # the tier in blocks of tier_read_block_bytes and keep at most tier_read_cache_bytes of them;
     # a sequential reader has tier_read_ahead_bytes past its position fetched in the background.
@@ -103,6 +106,8 @@ class StoreConfig:
         if (self.tier_read_threads < 1 or self.tier_read_block_bytes < 4096 or self.tier_read_cache_bytes < 0
                 or self.tier_read_ahead_bytes < 0):
             raise ValueError("tier_read_threads must be at least 1 and tier_read_block_bytes at least 4096")
+        if not 0 <= self.tier_upload_nice <= 19:
+            raise ValueError("tier_upload_nice must be in [0, 19]")
         if self.tier_retention_hours < 0 or 0 < self.tier_retention_hours < self.retention_hours:
             raise ValueError(
                 "tier_retention_hours must be 0 (keep for ever) or at least retention_hours "

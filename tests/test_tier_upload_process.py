@@ -107,3 +107,21 @@ def test_the_upload_process_dies_with_a_killed_broker(tmp_path: Path, s3: S3Serv
         broker.kill()
         broker.wait(timeout=30)
     wait_for(lambda: not alive(child), timeout=10)  # no orphan
+
+
+@pytest.mark.parametrize("nice", [7, 0])
+def test_the_upload_process_runs_as_background_work(tmp_path: Path, s3: S3Server, nice: int) -> None:
+    """``tier_upload_nice``: the child runs that much nicer than the broker, under SCHED_BATCH (a
+    wakeup of it does not preempt the put thread), and uploads all the same; 0: as the broker."""
+    bucket = s3.new_bucket()
+    store, tier = open_tiered(tier_config(tmp_path / "d", s3, bucket, tier_upload_nice=nice))
+    try:
+        fill(store, 200)
+        wait_for(lambda: tier.backlog() == (0, 0), timeout=60)
+        assert sorted(manifests(s3, bucket, store.store_id)) == [mf.base for mf in store.commitlog.files.files[:-1]]
+        child = tier.uploader.process.pid
+        assert child is not None
+        assert os.getpriority(os.PRIO_PROCESS, child) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+        assert os.sched_getscheduler(child) == (os.SCHED_BATCH if nice else os.sched_getscheduler(0))
+    finally:
+        close_tiered(store, tier)

@@ -7,13 +7,20 @@ temporary key is deleted; a crash in between leaves only a ``tmp/`` key, which n
 reader looks at. Small objects go up in one PUT, which S3 makes visible whole or
 not at all. Checksums are calculated and validated only when an operation
 requires them: with boto3's newer defaults ranged GETs fail against several
-S3 implementations. Credentials come from boto3's usual chain (environment
+S3 implementations. Bodies are not hashed for the signature (``UNSIGNED-PAYLOAD``:
+over http botocore otherwise reads and hashes every body once more); instead each
+PUT names its body's SHA-256 in ``x-amz-checksum-sha256``, a signed header, which
+the caller computed anyway for a segment (the manifest's digest), so AWS S3 still
+refuses a body that does not match it, at no extra cost (moto and ``rclone serve
+s3`` accept the header without checking it). Credentials come from boto3's usual chain (environment
 variables, ``~/.aws`` files, instance roles). boto3 is imported here only, so
 the store runs without it while the tier is off.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import uuid
 from dataclasses import dataclass
 from typing import IO, Callable, Iterator
@@ -76,6 +83,8 @@ class ObjectStore:
             # one kept-alive connection per thread that calls at once (uploader, read workers,
             # read-ahead): fewer and a busy reader would open and drop a connection per GET
             max_pool_connections=max_connections,
+            # no SHA-256 of the body in the signature: the PUTs carry their own (ChecksumSHA256)
+            s3={"payload_signing_enabled": False},
         )
         self.client = boto3.client(
             "s3", endpoint_url=endpoint or None, region_name=region or None, config=config
@@ -87,12 +96,21 @@ class ObjectStore:
 
     def put_small(self, name: str, data: bytes) -> None:
         """One PUT: visible whole or not at all (manifests, indexes)."""
-        self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
+        self._put(self.key(name), data, hashlib.sha256(data).digest())
+
+    def _put(self, key: str, body: bytes, sha256: bytes) -> None:
+        """One PUT of ``body`` whose SHA-256 is ``sha256`` (the server checks it, see above)."""
+        self.client.put_object(
+            Bucket=self.bucket, Key=key, Body=body, ContentLength=len(body),
+            ChecksumSHA256=base64.b64encode(sha256).decode(),
+        )
 
     def put_complete(
-        self, name: str, fileobj: IO[bytes], size: int, tmp_dir: str, between: Callable[[], None] | None = None
+        self, name: str, fileobj: IO[bytes], size: int, tmp_dir: str, sha256: bytes,
+        between: Callable[[], None] | None = None,
     ) -> None:
-        """Upload ``size`` bytes of ``fileobj`` so that ``name`` appears only complete.
+        """Upload ``size`` bytes of ``fileobj``, whose SHA-256 is ``sha256``, so that ``name``
+        appears only complete.
 
         Up to ``direct_put_max`` bytes: one PUT of the bytes straight to ``name``, visible whole
         or not at all. Larger: temp key, copy, delete temp (a multipart upload's parts would be
@@ -112,9 +130,9 @@ class ObjectStore:
             # or a read holds it; one write of the whole object waits once.
             body = fileobj.read(size)
             if size <= self.direct_put_max:  # no copy: half the requests, the server writes it once
-                self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=body, ContentLength=len(body))
+                self._put(self.key(name), body, sha256)
                 return
-            self.client.put_object(Bucket=self.bucket, Key=tmp, Body=body, ContentLength=len(body))
+            self._put(tmp, body, sha256)
         else:  # parts, in parallel, each retried on its own
             self.client.upload_fileobj(fileobj, self.bucket, tmp)
         try:

@@ -42,7 +42,9 @@ class TierService:
         self.retention_hours = cfg.tier_retention_hours
         self.expiry_interval_s = cfg.tier_expiry_interval_s
         self._last_expiry = 0.0
-        self.uploader = Uploader(store, self.objects, cfg.tier_scan_interval_s, cfg.tier_retry_max_s, self._idle)
+        self.uploader = Uploader(
+            store, self.objects, cfg.tier_scan_interval_s, cfg.tier_retry_max_s, self._idle, cfg.tier_upload_nice
+        )
         # Cold reads wait on the network: never on the event loop, nor on the threads hot reads use;
         # their read-ahead GETs run on threads of their own: every block read ahead in flight at
         # once, and as many index GETs of the next segments (where a queue continues in each).

@@ -71,8 +71,9 @@ class UploadProcess:
     Used by one thread (the upload thread); :meth:`kill` may be called from another.
     """
 
-    def __init__(self, settings: ObjectStoreSettings) -> None:
+    def __init__(self, settings: ObjectStoreSettings, nice: int = 0) -> None:
         self.settings = settings
+        self.nice = nice  # the child's niceness (``_lower_priority``)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
@@ -96,7 +97,7 @@ class UploadProcess:
                 _release(self._proc)
             code = f"import sys; sys.path.insert(0, {_ROOT!r}); from core_broker.tier.upload_process import main; main()"
             proc = subprocess.Popen(
-                [sys.executable, "-c", code, str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [sys.executable, "-c", code, str(os.getpid()), str(self.nice)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             )
             self._proc = proc
             self._booting = True
@@ -219,6 +220,23 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
+def _lower_priority(nice: int) -> None:
+    """Make this process background work: SCHED_BATCH (a wakeup of it, e.g. an S3 answer, does
+    not preempt a running thread) and ``nice`` (its share of a core against the broker's put
+    thread: weight 110 to 1024 at nice 10). On 2 cores the child's CPU per segment (botocore)
+    and the object store's, if local, competed with the put thread as equals; so puts ran at
+    0.87x with uploads (bench/RESULTS.md, tier). Lowering is always allowed, raising is not:
+    the child cannot undo it, and nothing in it needs to be prompt (the backlog metric shows
+    when uploads fall behind)."""
+    if nice <= 0:
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (OSError, AttributeError):  # not Linux
+        pass
+    os.nice(nice)
+
+
 def _exact(inp: IO[bytes], n: int) -> bytes:
     data = inp.read(n) if n else b""
     if len(data) != n:
@@ -248,7 +266,8 @@ def _upload(objects: ObjectStore, job: dict, index: bytes, keys: bytes, inp: IO[
             digest.update(chunk)
         fh.seek(0)
         objects.put_complete(
-            layout.segment_key(sid, base), fh, job["size"], layout.tmp_dir(sid), pause if job["pause"] else None
+            layout.segment_key(sid, base), fh, job["size"], layout.tmp_dir(sid), digest.digest(),
+            pause if job["pause"] else None,
         )
     objects.put_small(layout.index_key(sid, base), index)
     if keys:
@@ -260,8 +279,9 @@ def _upload(objects: ObjectStore, job: dict, index: bytes, keys: bytes, inp: IO[
 
 
 def main() -> None:
-    """The child: ``python -c ... PARENT_PID``; settings on the first line of stdin, then jobs."""
+    """The child: ``python -c ... PARENT_PID NICE``; settings on the first line of stdin, then jobs."""
     _die_with(int(sys.argv[1]))
+    _lower_priority(int(sys.argv[2]))  # before the imports of boto3 (about 1 s of CPU)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the broker's terminal is the broker's to act on
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a stray print must not corrupt the answer pipe

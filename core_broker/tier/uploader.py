@@ -52,6 +52,7 @@ class Uploader:
         scan_interval_s: float,
         retry_max_s: float,
         idle: Callable[[], None] | None = None,
+        upload_nice: int = 0,
     ) -> None:
         self.store = store
         self.objects = objects
@@ -73,7 +74,8 @@ class Uploader:
         self.last_error = ""
         # Tests: called between the temporary upload of a segment and its copy into place.
         self.between_upload_and_commit: Callable[[], None] | None = None
-        self.process = UploadProcess(objects.settings)
+        self.upload_nice = upload_nice  # the upload process's niceness (``tier_upload_nice``)
+        self.process = UploadProcess(objects.settings, upload_nice)
         # what a failed attempt raises: the store down or refusing, or the upload process gone
         self._retry_on: tuple[type[BaseException], ...] = (ChildGone, UploadFailed, *objects.errors)
         self._sweep = False  # a child died mid-upload: its temporary keys go before the next attempt
@@ -86,7 +88,7 @@ class Uploader:
 
     def start(self) -> None:
         self._stop.clear()
-        self.process = UploadProcess(self.objects.settings)
+        self.process = UploadProcess(self.objects.settings, self.upload_nice)
         self._process_ready.clear()
         self._thread = threading.Thread(target=self._run, name="unimq-tier-upload", daemon=True)
         self._thread.start()
