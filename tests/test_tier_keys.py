@@ -19,12 +19,11 @@ import httpx
 import pytest
 
 from core_broker.model import Message
-from core_broker.tier import layout
 from core_broker.topic_config import TopicConfig
 from gateway.broker_client import LocalBrokerClient
 
 from tier_helpers import (  # noqa: F401 (fixtures)
-    S3Server, aws_credentials, manifests, s3, tier_config, tier_up_sets, tiered_broker, wait_for,
+    S3Server, aws_credentials, manifests, parts, s3, tier_config, tier_up_sets, tiered_broker, wait_for,
 )
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("aws_credentials")]
@@ -75,8 +74,7 @@ def test_keys_and_client_ids_are_found_in_the_tier(tmp_path: Path, s3: S3Server)
             # the keys object is where the answers came from, and it is named by the manifest
             ms = manifests(s3, bucket, store.store_id)
             assert ms and all(m.keys_length > 0 for m in ms.values() if m.first_ts)
-            keys = set(s3.keys(bucket))
-            assert all(f"t/{layout.keys_key(store.store_id, b)}" in keys for b, m in ms.items() if m.keys_length)
+            assert all(parts(s3, bucket, store.store_id, m)["keys"] for m in ms.values() if m.keys_length)
 
     asyncio.run(main())
 

@@ -11,6 +11,7 @@ read workers and a cache that stays within its bound.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -21,9 +22,12 @@ import pytest
 from core_broker.broker_controller import BrokerController
 from core_broker.config import BrokerConfig
 from core_broker.model import FilterExpression, GetStatus, Message, StoredMessage
+from core_broker.tier import layout
 from core_broker.topic_config import TopicConfig
 
-from tier_helpers import S3Server, aws_credentials, s3, tier_config, wait_for  # noqa: F401 (fixtures)
+from tier_helpers import (  # noqa: F401 (fixtures)
+    S3Server, aws_credentials, manifests, parts, s3, tier_config, tiered_broker, wait_for,
+)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("aws_credentials")]
 
@@ -122,5 +126,55 @@ def test_pull_reads_every_retired_message_back_from_the_tier(tmp_path: Path, s3:
                 assert tier.reader.gets == gets
         finally:
             await bc.stop()
+
+    asyncio.run(main())
+
+
+def as_version_2(s3: S3Server, bucket: str, store_id: str) -> int:
+    """Rewrite the tier as a broker before inline index and keys left it: per segment a segment
+    object of the records only, index and keys objects beside it, a version 2 manifest."""
+    n = 0
+    for base, m in manifests(s3, bucket, store_id).items():
+        if not m.inline:
+            continue
+        got = parts(s3, bucket, store_id, m)
+        put = s3.client.put_object
+        put(Bucket=bucket, Key=f"t/{layout.segment_key(store_id, base)}", Body=got["segment"])
+        put(Bucket=bucket, Key=f"t/{layout.index_key(store_id, base)}", Body=got["index"])
+        if m.keys_length:
+            put(Bucket=bucket, Key=f"t/{layout.keys_key(store_id, base)}", Body=got["keys"])
+        old = json.loads(m.encode())
+        del old["inline"]
+        old["version"] = 2
+        put(Bucket=bucket, Key=f"t/{layout.manifest_key(store_id, base)}", Body=json.dumps(old).encode())
+        n += 1
+    return n
+
+
+def test_a_tier_written_with_separate_index_and_keys_objects_still_reads(tmp_path: Path, s3: S3Server) -> None:
+    """Manifests of version 2 (index and keys objects of their own, as every tier was before
+    version 3 put them after the records): pulls and queries by key read them as before."""
+    bucket = s3.new_bucket()
+    cfg = tier_config(tmp_path / "d", s3, bucket, retention_hours=1.0, tier_read_block_bytes=4096)
+
+    async def main() -> None:
+        async with tiered_broker(cfg) as bc:
+            tier = bc.tier
+            assert tier is not None
+            for name, queues in (("T", 2), ("L", 1), ("F", 1)):
+                bc.create_topic(TopicConfig(name, queues=queues), exist_ok=True)
+            await asyncio.to_thread(write, bc, 300)
+            before = {q: await pull_all(bc, "T", q) for q in (0, 1)}
+            await asyncio.to_thread(wait_for, lambda: tier.backlog() == (0, 0), 30)
+            store_id = bc.store.store_id
+        assert as_version_2(s3, bucket, store_id) >= 3
+        async with tiered_broker(cfg) as bc:
+            tier = bc.tier
+            assert tier is not None and await asyncio.to_thread(tier.uploader.wait_listed, 30)
+            assert all(not m.inline and m.version == 2 for m in tier.uploader.manifests())
+            assert bc.store.run_retention(now=time.time() + 10 * 3600) >= 3 and bc.store.min_offset("T", 0) > 0
+            assert {q: await pull_all(bc, "T", q) for q in (0, 1)} == before
+            got = await bc.query_by_key_async("T", "k7")
+            assert [bytes(m.body) for m in got] == [before[1][3][4]]  # message 7: queue 1, offset 3
 
     asyncio.run(main())

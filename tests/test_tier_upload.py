@@ -20,10 +20,9 @@ import pytest
 
 from core_broker.consume_queue import ENTRY as CQ_ENTRY
 from core_broker.model import Message
-from core_broker.tier import layout
 
 from tier_helpers import (  # noqa: F401 (fixtures)
-    S3Server, aws_credentials, aws_env, close_tiered, fill, manifests, open_tiered, s3, tier_config,
+    S3Server, aws_credentials, aws_env, close_tiered, fill, manifests, open_tiered, parts, s3, tier_config,
     via_temporary_key, wait_for,
 )
 
@@ -47,10 +46,11 @@ def test_sealed_segments_are_uploaded_whole_and_the_active_one_never(tmp_path: P
         assert not [k for k in s3.keys(bucket) if "/tmp/" in k]
         for mf in files[:-1]:
             m = got[mf.base]
-            data = s3.get(bucket, f"t/{layout.segment_key(sid, mf.base)}")
+            assert m.inline  # records, index and keys in one object: two requests per segment
+            got_parts = parts(s3, bucket, sid, m)
+            data, index = got_parts["segment"], got_parts["index"]
             assert data == mf.path.read_bytes()  # byte for byte, and what the manifest says
             assert len(data) == m.size and hashlib.sha256(data).hexdigest() == m.sha256
-            index = s3.get(bucket, f"t/{layout.index_key(sid, mf.base)}")
             assert len(index) == m.index_length
             # the index holds exactly the local consume-queue entries that point into the segment
             cq = store._cqs[("T", 0)]
@@ -89,7 +89,7 @@ def test_the_object_store_down_never_blocks_puts_and_uploads_resume(tmp_path: Pa
         got = manifests(s3, bucket, store.store_id)
         assert sorted(got) == [mf.base for mf in files[:-1]]
         for mf in files[:-1]:
-            assert s3.get(bucket, f"t/{layout.segment_key(store.store_id, mf.base)}") == mf.path.read_bytes()
+            assert parts(s3, bucket, store.store_id, got[mf.base])["segment"] == mf.path.read_bytes()
         assert not [k for k in s3.keys(bucket) if "/tmp/" in k]
     finally:
         if not s3.running:
@@ -133,9 +133,9 @@ def test_a_kill_in_the_middle_of_an_upload_leaves_no_visible_object(tmp_path: Pa
         assert not manifests(s3, bucket, store.store_id)
         wait_for(lambda: tier.backlog() == (0, 0))
         assert not [k for k in s3.keys(bucket) if "/tmp/" in k]
+        got = manifests(s3, bucket, store.store_id)
         for mf in store.commitlog.files.files[:-1]:
-            obj = s3.get(bucket, f"t/{layout.segment_key(store.store_id, mf.base)}")
-            assert obj == mf.path.read_bytes()
+            assert parts(s3, bucket, store.store_id, got[mf.base])["segment"] == mf.path.read_bytes()
     finally:
         close_tiered(store, tier)
 
@@ -215,7 +215,7 @@ def test_a_segment_over_boto3s_multipart_threshold_is_uploaded_whole(tmp_path: P
         wait_for(lambda: tier.backlog() == (0, 0), timeout=60)
         mf = store.commitlog.files.files[0]
         m = manifests(s3, bucket, store.store_id)[mf.base]
-        data = s3.get(bucket, f"t/{layout.segment_key(store.store_id, mf.base)}")
+        data = parts(s3, bucket, store.store_id, m)["segment"]
         assert len(data) == 12 << 20 == m.size and hashlib.sha256(data).hexdigest() == m.sha256
         assert data == mf.path.read_bytes()
     finally:

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from core_broker.tier import layout
 
 from tier_helpers import (  # noqa: F401 (fixtures)
-    S3Server, aws_credentials, aws_env, close_tiered, fill, manifests, open_tiered, s3, tier_config,
+    S3Server, aws_credentials, aws_env, close_tiered, fill, manifests, open_tiered, parts, s3, tier_config,
     via_temporary_key, wait_for,
 )
 
@@ -66,7 +65,7 @@ def test_an_upload_process_killed_mid_upload_is_restarted_and_nothing_is_lost(tm
         got = manifests(s3, bucket, store.store_id)
         assert sorted(got) == [mf.base for mf in sealed]
         for mf in sealed:
-            data = s3.get(bucket, f"t/{layout.segment_key(store.store_id, mf.base)}")
+            data = parts(s3, bucket, store.store_id, got[mf.base])["segment"]
             assert data == mf.path.read_bytes() and hashlib.sha256(data).hexdigest() == got[mf.base].sha256
         assert not [k for k in s3.keys(bucket) if "/tmp/" in k]
         child = tier.uploader.process.pid

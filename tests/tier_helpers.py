@@ -217,6 +217,24 @@ def fill(store: MessageStore, n: int, topic: str = "T", size: int = 1000) -> lis
     return bodies
 
 
+def parts(s3: S3Server, bucket: str, store_id: str, m: layout.Manifest) -> dict[str, bytes]:
+    """The segment's records, index and keys as the tier holds them, where its manifest says
+    (``Manifest.where``: one object, or three), each checked to be exactly as long as it says."""
+    out = {}
+    for kind in ("segment", "index", "keys"):
+        name, at, length = m.where(store_id, kind)
+        if kind == "keys" and not length and not m.inline:
+            out[kind] = b""  # no keys object for a segment without keys
+            continue
+        obj = s3.get(bucket, f"t/{name}")
+        if kind == "segment":
+            assert len(obj) == m.size + (m.index_length + m.keys_length if m.inline else 0), (len(obj), m)
+        else:
+            assert len(obj) >= at + length
+        out[kind] = obj[at : at + length]
+    return out
+
+
 def manifests(s3: S3Server, bucket: str, store_id: str) -> dict[int, layout.Manifest]:
     """The manifests in the bucket (under the tests' prefix ``t``), by segment base."""
     out = {}

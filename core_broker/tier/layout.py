@@ -3,11 +3,20 @@
 Keys, under the configured prefix and the store's id (a store id names one
 commitlog, so two brokers sharing a bucket never mix)::
 
-    <store_id>/segment/<base>       the sealed segment file, as it is on disk
+    <store_id>/segment/<base>       the sealed segment file, as it is on disk, then (``inline``
+                                    manifests) its index and keys objects' bytes
     <store_id>/index/<base>         the queue entries pointing into it (``segment_index``)
     <store_id>/keys/<base>          its keys and client ids, hashed and sorted (``key_index``)
     <store_id>/manifest/<base>      JSON, written last: the segment is in the tier
     <store_id>/tmp/...              uploads in progress; swept at start
+
+Why the index and keys go inside the segment object (manifest version 3, ``inline``):
+each request costs the uploader about 2 ms of botocore CPU whatever its size (and
+the object store its own), so one object and the manifest, two requests per
+segment, cost about a third less than four (bench/RESULTS.md, tier). Readers find
+them by ``Manifest.where``; a manifest written before (version 2) names separate
+objects, and a segment too large to go up from memory (``object_store``) still
+gets them.
 
 ``<base>`` is the segment's first commitlog offset in 20 digits, as local segment
 files are named. Data objects are immutable: a segment is uploaded once, and an
@@ -76,7 +85,25 @@ class Manifest:
     # bytes of the keys object (``key_index``); 0: none (a manifest written before it existed,
     # or a segment with no key and no client id)
     keys_length: int = 0
-    version: int = 2
+    # the index and keys objects follow the segment's ``size`` bytes in the segment object
+    # (version 3), rather than being objects of their own (version 2, and any large segment)
+    inline: bool = False
+    version: int = 3
+
+    def where(self, store_id: str, kind: str) -> tuple[str, int, int]:
+        """(object name, where the bytes start in it, their length) of the segment's ``kind``:
+        "segment", "index" or "keys"."""
+        if kind == "segment":
+            return segment_key(store_id, self.base), 0, self.size
+        if kind == "index":
+            if self.inline:
+                return segment_key(store_id, self.base), self.size, self.index_length
+            return index_key(store_id, self.base), 0, self.index_length
+        if kind == "keys":
+            if self.inline:
+                return segment_key(store_id, self.base), self.size + self.index_length, self.keys_length
+            return keys_key(store_id, self.base), 0, self.keys_length
+        raise ValueError(f"no {kind!r} in a tier segment")
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()

@@ -94,6 +94,10 @@ class ObjectStore:
         """The full key of ``name`` under the prefix."""
         return f"{self.prefix}/{name}" if self.prefix else name
 
+    def in_one_put(self, size: int) -> bool:
+        """An object of ``size`` bytes goes up in one PUT from memory (larger: in parts, from the file)."""
+        return size <= _ONE_PUT_MAX
+
     def put_small(self, name: str, data: bytes) -> None:
         """One PUT: visible whole or not at all (manifests, indexes)."""
         self._put(self.key(name), data, hashlib.sha256(data).digest())

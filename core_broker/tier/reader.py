@@ -141,17 +141,12 @@ class TierReader:
         """Bytes ``[start, end)`` of a segment's ``kind`` object as (a buffer, where they start in
         it): the cached block itself when they lie in one, so records decode from it with no copy;
         then fetch the ``ahead`` blocks after them in the background (a sequential reader's next)."""
-        sid = self.store.store_id
-        name, limit = {
-            "segment": (layout.segment_key(sid, m.base), m.size),
-            "index": (layout.index_key(sid, m.base), m.index_length),
-            "keys": (layout.keys_key(sid, m.base), m.keys_length),
-        }[kind]
+        name, at, limit = m.where(self.store.store_id, kind)
         end = min(end, limit)
         if end <= start:
             return b"", 0
         bs = self.block_size
-        fetch = self._fetcher(name, limit)
+        fetch = self._fetcher(name, at, limit)
         first, last = start // bs, (end - 1) // bs
         for b in range(last + 1, min(last + 1 + ahead, (limit - 1) // bs + 1)):
             self.cache.prefetch((m.base, kind, b), fetch(b), self.prefetcher)
@@ -163,14 +158,15 @@ class TierReader:
             parts.append(block[max(start - b * bs, 0) : end - b * bs])
         return b"".join(parts), 0
 
-    def _fetcher(self, name: str, limit: int) -> Callable[[int], Callable[[], bytes]]:
-        """Block number -> the ranged GET of that block of object ``name`` (``limit`` bytes long)."""
+    def _fetcher(self, name: str, at: int, limit: int) -> Callable[[int], Callable[[], bytes]]:
+        """Block number -> the ranged GET of that block of the ``limit`` bytes at ``at`` in object
+        ``name`` (a segment's index or keys may follow its records in one object)."""
         bs = self.block_size
 
         def fetch(b: int) -> Callable[[], bytes]:
             def run() -> bytes:
                 self.gets += 1
-                return self.objects.get_range(name, b * bs, min(b * bs + bs, limit))
+                return self.objects.get_range(name, at + b * bs, at + min(b * bs + bs, limit))
 
             return run
 
@@ -190,7 +186,7 @@ class TierReader:
             if not self.cache.has(key):  # not asked yet
                 # the index block is asked before ``_segment_ahead`` is queued, so that (waiting for
                 # it) waits for a job a worker took already, never for one queued behind it
-                fetch = self._fetcher(layout.index_key(self.store.store_id, m.base), m.index_length)
+                fetch = self._fetcher(*m.where(self.store.store_id, "index"))
                 self.cache.prefetch(key, fetch(pos // bs), self.prefetcher)
                 try:
                     self.prefetcher.submit(self._segment_ahead, m, pos, n)
@@ -203,7 +199,7 @@ class TierReader:
         """Read ahead ``n`` blocks of segment ``m`` from the record of the index entry at ``pos``."""
         phys = ENTRY.unpack(self._read("index", m, pos, pos + ENTRY.size))[0]
         bs = self.block_size
-        fetch = self._fetcher(layout.segment_key(self.store.store_id, m.base), m.size)
+        fetch = self._fetcher(*m.where(self.store.store_id, "segment"))
         b = (phys - m.base) // bs
         for k in range(b, min(b + n, (m.size - 1) // bs + 1)):
             self.cache.prefetch((m.base, "segment", k), fetch(k), self.prefetcher)

@@ -11,12 +11,13 @@ broker's upload thread now only copies the segment's queue entries and keys (sma
 
 What crosses the pipe: no segment bytes. The segment is a sealed, immutable file on
 local disk, so the child opens it by path, hashes it (the manifest's SHA-256) and
-uploads it itself. The broker sends one job per segment: a JSON line (store id, base,
+uploads it itself, with the index and keys objects' bytes after it in the same object
+when the manifest says ``inline`` (``layout``). The broker sends one job per segment: a JSON line (store id, base,
 path, size, the manifest without its digest, the byte lengths of the two sidecars)
 followed by the index and keys objects' bytes; the child answers one JSON line,
 ``{"ok": true, "sha256": ...}`` or ``{"ok": false, "error": ...}``. The order of
 writes in the child is the tier's rule (``layout``): segment (whole on arrival, or by
-a temporary key and a copy), index, keys, manifest last; so whatever happens to
+a temporary key and a copy; with its index and keys, or then index, keys), manifest last; so whatever happens to
 either process, nothing counts as uploaded before its manifest exists.
 
 Lifetime: the child is started by the broker's upload thread on its first job and
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import io
 import json
 import logging
 import os
@@ -260,20 +262,28 @@ def _upload(objects: ObjectStore, job: dict, index: bytes, keys: bytes, inp: IO[
         if not json.loads(line)["go"]:
             raise _Aborted("the broker aborted the attempt")
 
+    manifest = layout.Manifest(**job["manifest"])
+    key, tmp, between = layout.segment_key(sid, base), layout.tmp_dir(sid), pause if job["pause"] else None
     digest = hashlib.sha256()
     with open(job["path"], "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-        fh.seek(0)
-        objects.put_complete(
-            layout.segment_key(sid, base), fh, job["size"], layout.tmp_dir(sid), digest.digest(),
-            pause if job["pause"] else None,
-        )
-    objects.put_small(layout.index_key(sid, base), index)
-    if keys:
-        objects.put_small(layout.keys_key(sid, base), keys)
-    manifest = layout.Manifest(**job["manifest"])
-    manifest.sha256 = digest.hexdigest()
+        if manifest.inline:  # one object: the segment's bytes, then its index and keys (``layout``)
+            data = fh.read(job["size"])
+            digest.update(data)
+            manifest.sha256 = digest.hexdigest()  # of the segment's bytes; then of the whole object
+            body = b"".join((data, index, keys))
+            digest.update(index)
+            digest.update(keys)
+            objects.put_complete(key, io.BytesIO(body), len(body), tmp, digest.digest(), between)
+        else:
+            while chunk := fh.read(_CHUNK):
+                digest.update(chunk)
+            fh.seek(0)
+            objects.put_complete(key, fh, job["size"], tmp, digest.digest(), between)
+            manifest.sha256 = digest.hexdigest()
+    if not manifest.inline:
+        objects.put_small(layout.index_key(sid, base), index)
+        if keys:
+            objects.put_small(layout.keys_key(sid, base), keys)
     objects.put_small(layout.manifest_key(sid, base), manifest.encode())
     return manifest.sha256
 

@@ -219,14 +219,15 @@ class Uploader:
         return self._listed.wait(timeout)
 
     def upload(self, mf: MappedFile) -> layout.Manifest:
-        """Segment, then queue index, then keys, then manifest (in the upload process): the
-        manifest's arrival confirms the upload."""
+        """Segment with its queue index and keys (or then those), then manifest (in the upload
+        process): the manifest's arrival confirms the upload."""
         t0 = time.monotonic()
         ix = build_index(self.store, mf)
         keys = key_index.encode(self.store.index.entries_between(mf.base, mf.base + ix.length))
         manifest = layout.Manifest(
             base=mf.base, length=ix.length, size=ix.size, sha256="", index_length=len(ix.data),
             first_ts=ix.first_ts, last_ts=ix.last_ts, queues=ix.queues, keys_length=len(keys),
+            inline=self.objects.in_one_put(ix.size + len(ix.data) + len(keys)),  # two requests, not four
         )
         manifest.sha256 = self.process.upload(
             self.store.store_id, mf.path, manifest, ix.data, keys, self.between_upload_and_commit
