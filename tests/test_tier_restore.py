@@ -1,7 +1,7 @@
 """Restart with an empty local disk: the tier is the log's past (issue 17).
 
 A broker with the tier on writes, its segments are uploaded, it stops (cleanly here;
-`unimq up` killed with SIGKILL in ``test_tier_restore_e2e.py``), and everything in its
+`unimq up` killed with SIGKILL in the last test here), and everything in its
 folder except what the README says must stay (``store_id`` and ``config/``) is
 deleted. Started again, it reads where the tier ends from the manifests, serves every
 message from the tier (pull, pop, query by key and by id, the journal's state), and new
