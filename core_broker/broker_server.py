@@ -40,7 +40,7 @@ REMOTE_METHODS = [
     "ping", "set_perm", "create_topic", "update_topic", "delete_topic", "get_topic", "list_topics",
     "describe_topic", "send", "end_transaction", "pop", "ack", "ack_batch", "change_invisible", "forward_to_dlq", "pull",
     "commit_offset", "get_offset", "query_offset", "query_by_id", "query_by_key", "kv_put", "kv_get",
-    "kv_items", "kv_get_versioned", "kv_put_many", "kv_get_many_versioned", "kv_items_versioned", "door_watch",
+    "kv_items", "kv_get_versioned", "kv_put_many", "kv_create_many", "kv_get_many_versioned", "kv_items_versioned", "door_watch",
     "door_notify", "poll_transaction_checks", "transaction_check_outcome",
     "consumer_lag", "store_stats", "group_queues", "reset_offset", "repl_hello", "repl_fetch", "repl_state",
     "read_table", "compact_topic", "seal_queue", "consumed_offset", "pull_batches",
@@ -368,6 +368,9 @@ class BrokerServer:
 
     async def kv_put_many(self, namespace, items, writer=""):
         await self.controller.kv_put_many(namespace, [(k, v, ver) for k, v, ver in items], writer)
+
+    async def kv_create_many(self, namespace, items, writer=""):
+        return await self.controller.kv_create_many(namespace, [(k, v) for k, v in items], writer)
 
     def kv_get_many_versioned(self, namespace, keys):
         return [list(a) for a in self.controller.kv_get_many_versioned(namespace, keys)]

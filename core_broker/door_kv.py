@@ -20,7 +20,9 @@ from .door_feed import DoorFeed
 from .journal import Journal
 from .message_store import MessageStore
 
-__all__ = ["DoorStateKv", "kv_version"]
+__all__ = ["DoorStateKv", "kv_version", "CREATE_VERSION"]
+
+CREATE_VERSION = 0  # a create-if-absent write's version: any other write of the key is newer
 
 
 def kv_version(low: int = 0) -> int:
@@ -137,6 +139,28 @@ class DoorStateKv:
             self._apply_kv_raw(namespace, key, value, text, version, writer)
         if last is not None:
             await self.store.wait_durable(last)
+
+    async def kv_create_many(self, namespace: str, items: list[tuple[str, bytes]], writer: str = "") -> list[int]:
+        """Create each entry (key, value) that this broker holds nothing of, a tombstone included,
+        at version 0 (:data:`CREATE_VERSION`: older than any write), in one call and one wait for
+        durability; returns the indices of the items refused (the key held something).
+
+        Why version 0: a gateway creates an MQTT session record for a client id it knows nothing
+        of without reading it first (a CONNECT storm of new devices: the read was a round trip
+        per broker and a sixth of a gateway's work per CONNECT). Where a broker refuses, the
+        gateway falls back to reading and taking over; a create that reached only some brokers
+        then loses to any real write, on every broker, so it can never hide a record."""
+        vers = self.kv_versions.get(namespace, {})
+        fresh: list[tuple[str, bytes, int]] = []
+        refused: list[int] = []
+        for i, (key, value) in enumerate(items):
+            if key in vers:
+                refused.append(i)
+            else:
+                fresh.append((key, value, CREATE_VERSION))
+        if fresh:
+            await self.kv_put_many(namespace, fresh, writer)
+        return refused
 
     def kv_get(self, namespace: str, key: str) -> bytes | None:
         return self.kv.get(namespace, {}).get(key)

@@ -27,6 +27,7 @@ create_topic, host_lmq                                CREATE topic
 update_topic                                          ADMIN topic; attributes: CREATE or ADMIN
 delete_topic                                          DELETE topic
 kv_put, kv_get, kv_items, kv_put_many, kv_get_many   ADMIN door_state (its namespace)
+kv_create_many                                        ADMIN door_state (its namespace)
 consumer_lag, store_stats                             ADMIN cluster ("")
 remap_queue, release_queue                            ADMIN topic
 ====================================================  ==========================================

@@ -174,6 +174,7 @@ class BrokerClient(Protocol):
     async def kv_get(self, namespace: str, key: str) -> bytes | None: ...
     async def kv_items(self, namespace: str) -> dict[str, bytes]: ...
     async def kv_put_many(self, namespace: str, items: dict[str, bytes | None], writer: str) -> None: ...
+    async def kv_create_many(self, namespace: str, items: dict[str, bytes], writer: str) -> set[str]: ...
     async def kv_get_many(self, namespace: str, keys: list[str]) -> dict[str, bytes | None]: ...
     async def door_watch(self, broker: str, gateway: str, namespaces: list[str], incarnation: str, seq: int,
                          timeout_s: float) -> dict[str, Any]: ...
@@ -374,6 +375,11 @@ class LocalBrokerClient:
     async def kv_put_many(self, namespace: str, items: dict[str, bytes | None], writer: str) -> None:
         b = self.broker
         await b.kv_put_many(namespace, [(k, v, b.next_kv_version()) for k, v in items.items()], writer)
+
+    async def kv_create_many(self, namespace: str, items: dict[str, bytes], writer: str) -> set[str]:
+        keys = list(items)
+        refused = await self.broker.kv_create_many(namespace, list(items.items()), writer)
+        return {keys[i] for i in refused}
 
     async def kv_get_many(self, namespace: str, keys: list[str]) -> dict[str, bytes | None]:
         return {k: self.broker.kv_get(namespace, k) for k in keys}

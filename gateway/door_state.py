@@ -22,7 +22,7 @@ __all__ = ["DoorStateCalls"]
 
 
 class DoorStateCalls:
-    """``kv_put`` / ``kv_get`` / ``kv_items`` / ``kv_put_many`` / ``kv_get_many`` over the broker client."""
+    """``kv_put`` / ``kv_get`` / ``kv_items`` / ``kv_put_many`` / ``kv_create_many`` / ``kv_get_many`` over the broker client."""
 
     broker: BrokerClient
     _check: Callable[[RequestContext, Action, Resource, str], None]
@@ -52,6 +52,17 @@ class DoorStateCalls:
         self._check(ctx, Action.ADMIN, Resource.DOOR_STATE, namespace)
         if items:
             await self.broker.kv_put_many(namespace, items, writer)
+
+    async def kv_create_many(self, ctx: RequestContext, namespace: str, items: dict[str, bytes],
+                             writer: str = "") -> set[str]:
+        """Create each entry whose key the brokers hold nothing of (a tombstone counts), durable
+        together once this returns; the keys refused. A created entry is older than any write
+        (the brokers' ``kv_create_many``): a door that is refused reads the key and goes on from
+        what it finds, and a create that reached only some brokers never hides a record."""
+        self._check(ctx, Action.ADMIN, Resource.DOOR_STATE, namespace)
+        if not items:
+            return set()
+        return await self.broker.kv_create_many(namespace, items, writer)
 
     async def kv_get_many(self, ctx: RequestContext, namespace: str, keys: list[str]) -> dict[str, bytes | None]:
         """``kv_get`` of each of ``keys`` (None: no such entry)."""

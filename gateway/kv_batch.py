@@ -21,6 +21,9 @@ Rules:
   brokers in the order they were asked (and their versions grow in that order).
 - A read of a key with a write queued or on its way here waits for that write
   first: a gateway reads its own writes.
+- A *create* (``kv_create_many``: written only where the brokers hold nothing of the
+  key, older than any write) goes in batches of its own; one of a key this gateway is
+  writing or creating already is refused at once (the caller reads the key instead).
 
 Hand-written: the batching is twenty lines around the processor's two calls, and the
 rules above are door-state specific.
@@ -36,6 +39,8 @@ from .context import RequestContext
 
 __all__ = ["KvBatcher", "SKIP", "MAX_BATCH"]
 
+_Creates = dict[str, tuple[bytes, "asyncio.Future[bool]"]]
+
 SKIP: Any = object()  # a render's "nothing to write"
 MAX_BATCH = 1024  # keys per call: bounds a frame (and one broker's pause) under any storm
 
@@ -46,7 +51,7 @@ class KvBatcher:
     """Batched ``kv_put`` / ``kv_get`` of one door-state namespace (see the module doc)."""
 
     __slots__ = ("processor", "ctx", "namespace", "writer", "_writes", "_sending", "_reads", "_writer", "_reader",
-                 "batches", "keys_written")
+                 "_creates", "_creating", "_creator", "batches", "keys_written", "keys_created")
 
     def __init__(self, processor: MessagingAPI, ctx: RequestContext, namespace: str) -> None:
         self.processor = processor
@@ -59,8 +64,12 @@ class KvBatcher:
         self._reads: dict[str, list[asyncio.Future[bytes | None]]] = {}
         self._writer: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._creates: _Creates = {}  # queued creates: key -> (value, its caller's future)
+        self._creating: _Creates = {}  # the batch of creates on its way
+        self._creator: asyncio.Task[None] | None = None
         self.batches = 0  # write calls made (tests and metrics: how well writes were grouped)
         self.keys_written = 0
+        self.keys_created = 0
 
     def write(self, key: str, render: Render) -> asyncio.Future[None]:
         """Queue a write of ``key`` (its value from ``render()`` when sent); the future, the
@@ -75,6 +84,20 @@ class KvBatcher:
         self._writes[key] = (render, [f])
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+        return f
+
+    def create(self, key: str, value: bytes) -> asyncio.Future[bool]:
+        """Queue a create of ``key`` with ``value``; the future (the caller's own) is True once
+        that is durable on every broker that answered, False when refused (a broker held
+        something of the key, or this gateway is writing it: read it and go on from there)."""
+        loop = asyncio.get_running_loop()
+        f: asyncio.Future[bool] = loop.create_future()
+        if key in self._creates or key in self._creating or key in self._writes or key in self._sending:
+            f.set_result(False)
+            return f
+        self._creates[key] = (value, f)
+        if self._creator is None:
+            self._creator = loop.create_task(self._create_loop())
         return f
 
     async def read(self, key: str) -> bytes | None:
@@ -131,6 +154,28 @@ class KvBatcher:
                     self._sending.clear()
         finally:
             self._writer = None
+
+    async def _create_loop(self) -> None:
+        try:
+            while self._creates:
+                batch = self._creating
+                creates = self._creates
+                for key in list(creates)[:MAX_BATCH]:
+                    batch[key] = creates.pop(key)
+                self.keys_created += len(batch)
+                try:
+                    refused = await self.processor.kv_create_many(self.ctx, self.namespace,
+                                                                  {k: v for k, (v, _) in batch.items()}, self.writer)
+                except Exception as e:
+                    _fail([f for _, f in batch.values()], e)
+                else:
+                    for key, (_, f) in batch.items():
+                        if not f.done():
+                            f.set_result(key not in refused)
+                finally:
+                    batch.clear()
+        finally:
+            self._creator = None
 
     async def _read_loop(self) -> None:
         try:

@@ -634,6 +634,13 @@ class RemoteBrokerClient:
         await self._kv_fanout("kv_put_many", namespace, [[k, v, self._kv_version()] for k, v in items.items()],
                               writer)
 
+    async def kv_create_many(self, namespace: str, items: dict[str, bytes], writer: str) -> set[str]:
+        """Create-if-absent of each entry on every broker (``DoorStateKv.kv_create_many``), one
+        call per broker; the keys some broker that answered refused (it held something of them)."""
+        keys = list(items)
+        answers = await self._kv_fanout("kv_create_many", namespace, [[k, v] for k, v in items.items()], writer)
+        return {keys[i] for _, refused in answers for i in refused}
+
     async def kv_get_many(self, namespace: str, keys: list[str]) -> dict[str, bytes | None]:
         """``kv_get`` of each of ``keys``, one call per broker (read repair as there)."""
         answers = await self._kv_fanout("kv_get_many_versioned", namespace, keys)

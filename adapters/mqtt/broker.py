@@ -585,10 +585,15 @@ class MQTTBroker:
                 rate = e.details.get("what") == "connection_rate"  # 0x9F Connection rate exceeded
                 conn.refuse(C.RC_CONNECTION_RATE_EXCEEDED if rate else C.RC_QUOTA_EXCEEDED, str(e))  # 3.1.1: 3
                 return
-        # another gateway's session comes here first (fleet.py), then the takeover here
-        await self.fleet.claim(cid, pkt.clean_start)
-        if conn.closed:
-            return
+        # another gateway's session comes here first (fleet.py), then the takeover here; a new
+        # device's record is created where the brokers hold nothing of it, without a read first
+        fresh = None
+        if expiry and not pkt.clean_start and self.fleet.unknown(cid):
+            fresh = await self._create(cid, pkt, expiry)
+        if fresh is None:
+            await self.fleet.claim(cid, pkt.clean_start)
+            if conn.closed:
+                return
         old = self.sessions.get(cid)
         if old is not None and old.conn is not None:
             oc = old.conn
@@ -605,7 +610,7 @@ class MQTTBroker:
         else:
             if old is not None:
                 await self.end_session(old)
-            s = Session(cid, pkt.protocol_level, expiry)
+            s = fresh[0] if fresh is not None and old is None else Session(cid, pkt.protocol_level, expiry)
             self.sessions[cid] = s
         s.expiry = expiry
         s.ctx = RequestContext(protocol="mqtt", client_id=cid, remote_address=conn.peer, principal=pkt.username)
@@ -620,6 +625,8 @@ class MQTTBroker:
                 await self.end_session(s)
             else:
                 self.session_store.arm_expiry(s, self._expire)
+                if fresh is not None and s is fresh[0]:
+                    self.session_store.save_soon(s)  # its created record says online here
             return
         self.fleet.new_owner(s)
         conn.attach(s, pkt)
@@ -649,7 +656,8 @@ class MQTTBroker:
             s.disconnected_at = 0
             conn.hold()
             try:
-                await self.session_store.save(s)
+                if fresh is None or s is not fresh[0] or s.to_json() != fresh[1]:  # (else: created as is)
+                    await self.session_store.save(s)
             except (UnimqError, OSError) as e:
                 log.warning("mqtt: session %r could not be stored, CONNECT refused: %s", cid, e)
                 conn.refuse(C.RC_SERVER_UNAVAILABLE, "the session could not be stored")
@@ -667,6 +675,23 @@ class MQTTBroker:
             conn.send_publish(f.msg, f.qos, False, True, pid, f.sub_ids)
         self.delivery.resume(s)
         self.shared.wake_session(s, reconnected=True)
+
+    async def _create(self, cid: str, pkt: C.Connect, expiry: int) -> tuple[Session, bytes] | None:
+        """A new persistent session for ``cid`` (unknown here: ``Fleet.unknown``) with its record,
+        created where the brokers hold nothing of it (one batched call instead of a read and then a
+        write: a storm of new devices); None when refused (a record the feed has not brought here
+        yet, or a tombstone: ``Fleet.claim`` reads it). The record is what the CONNECT writes
+        after attaching the session, so it is not written again unless the session changed."""
+        s = Session(cid, pkt.protocol_level, expiry)
+        s.username = pkt.username
+        self.fleet.new_owner(s)
+        record = s.to_json(online=True)
+        try:
+            created = await self.session_store.create(s, record)
+        except (UnimqError, OSError) as e:
+            log.warning("mqtt: session %r could not be created, reading it: %s", cid, e)
+            return None
+        return (s, record) if created else None
 
     async def _token_login(self, username: str, password: bytes | None) -> bool:
         """A JWT of a configured issuer as the password (as EMQX's JWT authentication): valid, and its

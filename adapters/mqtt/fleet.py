@@ -372,6 +372,12 @@ class Fleet:
 
     # -- CONNECT
 
+    def unknown(self, cid: str) -> bool:
+        """Is ``cid`` unknown here (no session, no copy, no owner elsewhere the feed told of)?
+        A persistent CONNECT of one creates its record instead of reading it first (broker.py);
+        a record the feed has not brought yet makes that create fail, and then :meth:`claim`."""
+        return self.enabled and cid not in self.broker.sessions and cid not in self.copies and cid not in self.bare
+
     async def claim(self, cid: str, clean_start: bool) -> None:
         """Before CONNECT ``cid`` is handled: make this gateway the owner of its persistent
         session, taking it over from another gateway (see the module doc). A clean start only

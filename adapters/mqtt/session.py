@@ -188,15 +188,16 @@ class Session:
         self.epoch = int(d.get("g", 0))
         self.online = not d["d"]
 
-    def to_json(self) -> bytes:
+    def to_json(self, online: bool = False) -> bytes:
         """The durable record: what ``json.dumps(..., separators=(",", ":"))`` of its fields gives,
         byte for byte, written by hand. Why: a CONNECT storm writes a record per CONNECT and per
         close, and the json module's encoder cost ~25,000 instructions for this small dict (8%
         of a gateway's CPU per CONNECT under callgrind), an f-string a tenth of that; only a
-        session with subscriptions, lanes or packet ids pays for ``json.dumps`` of those."""
+        session with subscriptions, lanes or packet ids pays for ``json.dumps`` of those.
+        ``online``: as if connected (a record created before its connection is attached)."""
         subs, cursors, q, r = self.subs, self.cursors, self.qos2_in, self.pubrel
         u, o = self.username, self.owner
-        d = self.disconnected_at or (0 if self.conn is not None else int(time.time() * 1000))
+        d = self.disconnected_at or (0 if online or self.conn is not None else int(time.time() * 1000))
         return (f'{{"v":{self.version},"e":{self.expiry},"n":{self.lmq_seq},"d":{d},'
                 f'"s":{_dumps([s.to_json() for s in subs.values()]) if subs else "[]"},'
                 f'"q":{_dumps(sorted(q)) if q else "[]"},"r":{_dumps(sorted(r)) if r else "[]"},'

@@ -77,6 +77,12 @@ class SessionStore:
         # rendered when its batch leaves: the newest state, unless the session moved meanwhile
         return self.batch.write(s.client_id, lambda: s.to_json() if self._current(s) else SKIP)
 
+    def create(self, s: Session, record: bytes) -> "asyncio.Future[bool]":
+        """Create ``s``'s ``record`` where the brokers hold nothing of its client id (a new
+        device's session, written without reading first: ``KvBatcher.create``); True once
+        durable, False when refused (read the record and go on from what it says)."""
+        return self.batch.create(s.client_id, record)
+
     async def delete(self, client_id: str) -> None:
         await self.batch.write(client_id, _deleted)
 
