@@ -34,6 +34,7 @@ format the top 12 digits once per 64 KiB of log and look the last 4 up in
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Callable, Sequence
 
@@ -66,6 +67,25 @@ _DISPATCH_SIZE = record.DISPATCH_ENTRY_SIZE
 _encode_properties = record.encode_properties
 _HEX4: tuple[str, ...] = tuple(struct.pack(">65536H", *range(65536)).hex(" ", 2).upper().split())
 
+
+
+def _load_native() -> Callable[..., tuple[int, int]] | None:
+    """The compiled encoder of runs of bare records (core_broker/_recordc.c, built by
+    ``pip install`` when a C compiler is at hand), or None: not built, or UNIMQ_NO_NATIVE=1
+    (the pure-Python loop below then encodes every record: the same bytes, slower)."""
+    if os.environ.get("UNIMQ_NO_NATIVE", "") not in ("", "0"):
+        return None
+    try:
+        from . import _recordc
+    except ImportError:
+        return None
+    _recordc.setup(PutResult, PUT_OK)
+    return _recordc.encode_bare
+
+
+#: core_broker._recordc.encode_bare when the extension is built and not disabled.
+NATIVE_ENCODE = _load_native()
+
 #: (topic + protocol bytes, topic length, protocol length, header pack) of a topic's bare records.
 BareShape = tuple[bytes, int, int, Callable[..., bytes]]
 
@@ -86,7 +106,10 @@ class Appender:
         queues: dict[tuple[str, int], ConsumeQueue],
         queue_factory: Callable[[str, int], ConsumeQueue],
         max_message_size: int,
+        native: bool = True,
     ) -> None:
+        """``native=False``: encode every record in Python even when the compiled encoder is
+        built (tests compare the two paths' bytes)."""
         self.commitlog = commitlog
         self.index = index
         self._cqs = queues  # shared with the store's readers
@@ -97,6 +120,7 @@ class Appender:
         self._tag_hashes: dict[str, int] = {}
         self._bare_shapes: dict[tuple[str, str], BareShape] = {}
         self._idx_pending: list[tuple[str, int, int]] = []  # (key, phys, ts) of a batch's unwritten records
+        self._encode_bare = NATIVE_ENCODE if native else None
         self.set_store_id("")
 
     def set_store_id(self, store_id: str) -> None:
@@ -253,6 +277,10 @@ class Appender:
         Nothing is written before every queue file the batch needs exists, so a
         full disk refuses the batch without storing half of it.
 
+        Runs of bare messages of one queue are encoded by the compiled encoder when it is
+        built (core_broker/_recordc.c: one call per run for the headers, CRCs, queue entries,
+        ids and results; the same bytes); it stops at anything else, and this loop goes on.
+
         Tried and not kept: encoding a uniform batch of bare messages column-wise
         (one template head per record, the differing fields written through strided
         memoryview casts, C-level ``map`` for CRCs, ids and results). Under
@@ -273,6 +301,8 @@ class Appender:
         hex4 = _HEX4
         id_key = -1
         id_head = ""
+        native = self._encode_bare
+        id_prefix = self.id_prefix
         pending: list[bytes] = []  # encoded records not yet written (bare: prefix, head, body; else head, body)
         runs: dict[tuple[str, int], list] = {}  # (topic, queue) -> [cq, first queue offset, entries]
         start = pos = cl.write_pos
@@ -293,8 +323,13 @@ class Appender:
         dhost = ""
         dsz = 0
         idx = self._idx_pending  # index entries of pending records, put once they are written
+        seq = msgs if msgs.__class__ is list or msgs.__class__ is tuple else list(msgs)
+        n = len(seq)
+        i = 0  # the next message
         try:
-            for m in msgs:
+            while i < n:
+                m = seq[i]
+                i += 1
                 body = m.body
                 extra = m.extra_dispatch
                 if len(body) > limit or (extra and not self._dispatch_ok(m, extra)) or m.flags & _FLAG_BATCH:
@@ -434,6 +469,15 @@ class Appender:
                     add(_new_tuple(PutResult, (PUT_OK, mid, qid, qo, pos, size, xo)))
                     pos += size
                     continue
+                if native is not None:
+                    # The compiled encoder takes this bare message and the run of bare ones of
+                    # this queue after it, as far as the queue file and the segment allow;
+                    # when it takes none (a value it leaves to Python), the code below does.
+                    j, npos = native(seq, i - 1, topic, qid, proto, tp, lt, lp, qo, cq.limit,  # type: ignore[union-attr]
+                                     pos, end, now, limit, id_prefix, pending, ents, results)
+                    if j >= i:
+                        i, pos = j, npos
+                        continue
                 # record.encode's fast path for a bare message, inlined (same bytes): the
                 # prefix, the header and the body go to pwritev as three pieces (two when
                 # the body is small enough to copy after the header).
