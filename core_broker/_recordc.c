@@ -27,6 +27,7 @@ tests/test_record_native.py compares both with the crc32c package.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* T_OBJECT_EX: a __slots__ member */
 #include <stdint.h>
 #include <string.h>
 
@@ -126,8 +127,55 @@ static PyTypeObject *put_result_type = NULL; /* core_broker.model.PutResult (a N
 static PyObject *put_ok = NULL;              /* PutStatus.PUT_OK */
 static PyObject *empty_tuple = NULL;
 
-static PyObject *s_body, *s_extra, *s_flags, *s_topic, *s_qid, *s_proto, *s_tag, *s_mid, *s_keys,
-    *s_props, *s_group, *s_host, *s_born, *s_delivery, *s_reconsume;
+/* The message attributes read, by index into attr_names. */
+enum { A_BODY, A_EXTRA, A_FLAGS, A_TOPIC, A_QID, A_PROTO, A_TAG, A_MID, A_KEYS, A_PROPS, A_GROUP, A_HOST,
+       A_BORN, A_DELIVERY, A_RECONSUME, N_ATTRS };
+static const char *const attr_strs[N_ATTRS] = {
+    "body", "extra_dispatch", "flags", "topic", "queue_id", "protocol", "tag", "message_id", "keys",
+    "properties", "message_group", "born_host", "born_timestamp_ms", "delivery_time_ms", "reconsume_times"};
+static PyObject *attr_names[N_ATTRS];
+
+/* Message has __slots__: when each attribute of a message's type is a plain slot (a member
+ * descriptor of T_OBJECT_EX, found by the type's own lookup) and the type's getattr is the generic
+ * one, reading the slot at its offset is exactly what getattr does (data descriptors come before
+ * an instance dict), at a tenth of the cost (a third of this encoder's instructions went to the
+ * 17 getattr calls per message). Resolved once per type and kept while the type's version tag
+ * (invalidated by any change to it or its bases) stays the same; any other type: getattr. */
+static PyTypeObject *slots_type = NULL;
+static unsigned int slots_version = 0;
+static Py_ssize_t slots_off[N_ATTRS];
+
+static int slots_of(PyTypeObject *tp) {
+    if (tp == slots_type && (tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && tp->tp_version_tag == slots_version)
+        return 1;
+    if (tp->tp_getattro != PyObject_GenericGetAttr) return 0;
+    Py_ssize_t off[N_ATTRS];
+    for (int k = 0; k < N_ATTRS; k++) {
+        PyObject *d = _PyType_Lookup(tp, attr_names[k]); /* borrowed; also assigns a version tag */
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return 0;
+        PyMemberDef *md = ((PyMemberDescrObject *)d)->d_member;
+        if (md->type != T_OBJECT_EX) return 0;
+        off[k] = md->offset;
+    }
+    if (!(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+    Py_INCREF(tp);
+    Py_XSETREF(slots_type, tp);
+    slots_version = tp->tp_version_tag;
+    memcpy(slots_off, off, sizeof off);
+    return 1;
+}
+
+/* Attribute k of m, a new reference; NULL (no error set) when it is missing. */
+static inline PyObject *attr(PyObject *m, int k, int slots) {
+    if (slots) {
+        PyObject *v = *(PyObject **)((char *)m + slots_off[k]);
+        Py_XINCREF(v);
+        return v;
+    }
+    PyObject *v = PyObject_GetAttr(m, attr_names[k]);
+    if (v == NULL) PyErr_Clear();
+    return v;
+}
 
 static PyObject *py_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
@@ -152,20 +200,23 @@ static int get_int(PyObject *o, long long lo, long long hi, long long *out) {
     return 1;
 }
 
-/* An attribute the message must have falsy (a bare message): 1 when falsy, 0 otherwise. */
-static int attr_falsy(PyObject *m, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(m, name);
-    if (v == NULL) { PyErr_Clear(); return 0; }
-    int t = v == Py_None ? 0 : PyObject_IsTrue(v);
+/* 1 when ``v`` (a new reference, consumed; NULL: missing) is falsy, as a bare message's
+ * tag, keys, properties, ids, group, born host and extra queues are. */
+static int falsy(PyObject *v) {
+    if (v == NULL) return 0;
+    int t;
+    if (v == Py_None || v == Py_False) t = 0;
+    else if (PyUnicode_CheckExact(v)) t = PyUnicode_GET_LENGTH(v) != 0;
+    else if (PyTuple_CheckExact(v)) t = PyTuple_GET_SIZE(v) != 0;
+    else if (PyDict_CheckExact(v)) t = PyDict_GET_SIZE(v) != 0;
+    else if ((t = PyObject_IsTrue(v)) < 0) PyErr_Clear();
     Py_DECREF(v);
-    if (t < 0) { PyErr_Clear(); return 0; }
     return t == 0;
 }
 
-/* The message's attribute equals ``want`` (same object, or == for exact str/int). */
-static int attr_equals(PyObject *m, PyObject *name, PyObject *want) {
-    PyObject *v = PyObject_GetAttr(m, name);
-    if (v == NULL) { PyErr_Clear(); return 0; }
+/* 1 when ``v`` (a new reference, consumed) is ``want`` or an equal exact str/int. */
+static int equals(PyObject *v, PyObject *want) {
+    if (v == NULL) return 0;
     int eq = v == want;
     if (!eq && Py_TYPE(v) == Py_TYPE(want) && (PyUnicode_CheckExact(v) || PyLong_CheckExact(v))) {
         eq = PyObject_RichCompareBool(v, want, Py_EQ);
@@ -175,10 +226,9 @@ static int attr_equals(PyObject *m, PyObject *name, PyObject *want) {
     return eq;
 }
 
-/* An int attribute in [lo, hi] into *out: 1, or 0 when it is something else. */
-static int attr_int(PyObject *m, PyObject *name, long long lo, long long hi, long long *out) {
-    PyObject *v = PyObject_GetAttr(m, name);
-    if (v == NULL) { PyErr_Clear(); return 0; }
+/* ``v`` (a new reference, consumed) an exact int in [lo, hi] into *out: 1, else 0. */
+static int int_in(PyObject *v, long long lo, long long hi, long long *out) {
+    if (v == NULL) return 0;
     int ok = get_int(v, lo, hi, out);
     Py_DECREF(v);
     return ok;
@@ -287,19 +337,19 @@ static PyObject *py_encode_bare(PyObject *self, PyObject *const *args, Py_ssize_
         PyObject *m = PySequence_Fast_GET_ITEM(msgs, i);
         Py_INCREF(m);
         long long flags, born = 0, delivery, reconsume;
-        PyObject *body = PyObject_GetAttr(m, s_body);
-        if (body == NULL) PyErr_Clear();
+        int sl = slots_of(Py_TYPE(m));
+        PyObject *body = attr(m, A_BODY, sl);
         int ok = body != NULL && PyBytes_CheckExact(body) && PyBytes_GET_SIZE(body) <= max_body &&
-                 PyBytes_GET_SIZE(body) <= 0xffffffffLL && attr_falsy(m, s_extra) &&
-                 attr_int(m, s_flags, 0, 0xffffffffLL, &flags) && !(flags & FLAG_BATCH) &&
-                 attr_equals(m, s_topic, topic) && attr_equals(m, s_qid, qid_o) && attr_equals(m, s_proto, proto) &&
-                 attr_falsy(m, s_tag) && attr_falsy(m, s_mid) && attr_falsy(m, s_keys) && attr_falsy(m, s_props) &&
-                 attr_falsy(m, s_group) && attr_falsy(m, s_host) &&
-                 attr_int(m, s_delivery, INT64_MIN, INT64_MAX, &delivery) &&
-                 attr_int(m, s_reconsume, INT32_MIN, INT32_MAX, &reconsume);
+                 PyBytes_GET_SIZE(body) <= 0xffffffffLL && falsy(attr(m, A_EXTRA, sl)) &&
+                 int_in(attr(m, A_FLAGS, sl), 0, 0xffffffffLL, &flags) && !(flags & FLAG_BATCH) &&
+                 equals(attr(m, A_TOPIC, sl), topic) && equals(attr(m, A_QID, sl), qid_o) &&
+                 equals(attr(m, A_PROTO, sl), proto) && falsy(attr(m, A_TAG, sl)) && falsy(attr(m, A_MID, sl)) &&
+                 falsy(attr(m, A_KEYS, sl)) && falsy(attr(m, A_PROPS, sl)) && falsy(attr(m, A_GROUP, sl)) &&
+                 falsy(attr(m, A_HOST, sl)) && int_in(attr(m, A_DELIVERY, sl), INT64_MIN, INT64_MAX, &delivery) &&
+                 int_in(attr(m, A_RECONSUME, sl), INT32_MIN, INT32_MAX, &reconsume);
         if (ok) { /* born_timestamp_ms or now */
-            PyObject *b = PyObject_GetAttr(m, s_born);
-            if (b == NULL) { PyErr_Clear(); ok = 0; }
+            PyObject *b = attr(m, A_BORN, sl);
+            if (b == NULL) ok = 0;
             else {
                 if (b == Py_None) born = now;
                 else if (!get_int(b, INT64_MIN, INT64_MAX, &born)) ok = 0;
@@ -371,7 +421,7 @@ static PyObject *py_encode_bare(PyObject *self, PyObject *const *args, Py_ssize_
         }
         {
             PyObject *mid = make_id(id_prefix, (uint64_t)pos);
-            PyObject *qm = PyObject_GetAttr(m, s_qid); /* the message's own queue id object */
+            PyObject *qm = attr(m, A_QID, sl); /* the message's own queue id object */
             PyObject *qo_o = PyLong_FromLongLong(qo);
             PyObject *pos_o = PyLong_FromLongLong(pos);
             PyObject *size_o = PyLong_FromSsize_t(size);
@@ -450,13 +500,8 @@ PyMODINIT_FUNC PyInit__recordc(void) {
 #endif
     empty_tuple = PyTuple_New(0);
     if (empty_tuple == NULL) return NULL;
-#define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
-    INTERN(s_body, "body"); INTERN(s_extra, "extra_dispatch"); INTERN(s_flags, "flags");
-    INTERN(s_topic, "topic"); INTERN(s_qid, "queue_id"); INTERN(s_proto, "protocol"); INTERN(s_tag, "tag");
-    INTERN(s_mid, "message_id"); INTERN(s_keys, "keys"); INTERN(s_props, "properties");
-    INTERN(s_group, "message_group"); INTERN(s_host, "born_host"); INTERN(s_born, "born_timestamp_ms");
-    INTERN(s_delivery, "delivery_time_ms"); INTERN(s_reconsume, "reconsume_times");
-#undef INTERN
+    for (int k = 0; k < N_ATTRS; k++)
+        if ((attr_names[k] = PyUnicode_InternFromString(attr_strs[k])) == NULL) return NULL;
     PyObject *mod = PyModule_Create(&module);
     if (mod == NULL) return NULL;
     if (PyModule_AddIntConstant(mod, "HARDWARE_CRC", use_hw) < 0) { Py_DECREF(mod); return NULL; }

@@ -200,3 +200,23 @@ def test_crc32c_matches_the_package(n: int) -> None:
             want = crc32c(view, v)
             assert _recordc.crc32c(view, v) == want
             assert _recordc.crc32c_sw(view, v) == want
+
+
+class PlainMessage(Message):
+    """A subclass with an instance dict and one attribute as a property: the encoder reads its
+    attributes by getattr (not by slot offset), and must still take it and agree."""
+
+    @property
+    def tag(self) -> str:  # type: ignore[override]
+        return ""
+
+    @tag.setter
+    def tag(self, v: str | None) -> None:
+        self.seen_tag = v
+
+
+def test_message_subclasses(tmp_path: Path) -> None:
+    sub = [PlainMessage("t", bytes(100 + i), queue_id=0) for i in range(10)]
+    batches = [[bare("t", 10), *sub[:5], bare("t", 20), *sub[5:]]]
+    outcomes = run_both(tmp_path, batches)
+    assert outcomes[0][0] == "ok" and len(outcomes[0][1]) == 12
