@@ -14,12 +14,14 @@ SHELL        := /bin/bash
 PYTHON       ?= python3
 VENV         ?= .venv
 BIN          := $(VENV)/bin
-# One stamp per set of extras: each is reinstalled only when pyproject.toml changed (the install
-# is editable, so code changes need no reinstall).
+# One stamp per set of extras: each is reinstalled only when pyproject.toml, setup.py or the
+# compiled encoder's source changed (the install is editable, so Python code changes need no
+# reinstall; the C extension core_broker/_recordc.c is built by the install).
 STAMP        := $(VENV)/.installed-server
 STAMP_TEST   := $(VENV)/.installed-test
 STAMP_DEMO   := $(VENV)/.installed-demo
 STAMP_SPARK  := $(VENV)/.installed-spark
+BUILD_INPUTS := pyproject.toml setup.py core_broker/_recordc.c
 DEMO_ARGS    ?= --seconds 30
 SPARK_ARGS   ?= --endpoint http://127.0.0.1:8080 --topics factory,events,orders --available-now
 DATA_DIR     ?= ./unimq-data
@@ -36,7 +38,7 @@ APT_PACKAGES ?= mosquitto mosquitto-clients curl chromium chromium-driver
 # no `java` is on PATH (any existing JDK/JRE 17 or 21 is used as is).
 JAVA_PACKAGE ?= openjdk-17-jre-headless
 
-.PHONY: run test demo spark-demo bench install apt-deps java-deps clean-venv
+.PHONY: run test demo spark-demo bench install apt-deps cc-deps java-deps clean-venv
 
 # The virtualenv. On a bare Debian `python3 -m venv` fails until python3-venv is
 # installed, so as root we install it and retry.
@@ -51,24 +53,42 @@ $(BIN)/python:
 	  fi; \
 	fi
 
+# The store's optional compiled encoder (setup.py) needs a C compiler and Python's headers at
+# install time; as root on Debian they are installed when missing. Without them the install
+# still succeeds (the extension is optional) and the store uses its pure-Python encoder.
+cc-deps: | $(BIN)/python
+	@inc=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])'); \
+	missing=""; \
+	command -v cc >/dev/null || missing="gcc libc6-dev"; \
+	[ -f "$$inc/Python.h" ] || missing="$$missing python3-dev"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make: apt-get install $$missing (for the store's compiled encoder)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing \
+	      || echo "make: could not install$$missing; the store will use its pure-Python encoder" >&2; \
+	  else \
+	    echo "make: no C compiler or Python headers ($$missing): the store will use its pure-Python encoder" >&2; \
+	  fi; \
+	fi
+
 # pip runs without --quiet so a first install shows what it is doing (it takes about a minute
 # for the server, several for the test and Spark extras: PySpark alone is ~500 MB).
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): $(BUILD_INPUTS) | $(BIN)/python cc-deps
 	@echo "make: installing unimq and its server dependencies into $(VENV) (first time only)"
 	$(BIN)/python -m pip install --progress-bar on -e .
 	@touch $@
 
-$(STAMP_DEMO): pyproject.toml | $(BIN)/python
+$(STAMP_DEMO): $(BUILD_INPUTS) | $(BIN)/python cc-deps
 	@echo "make: installing the demo's client libraries into $(VENV) (first time only)"
 	$(BIN)/python -m pip install --progress-bar on -e '.[demo]'
 	@touch $@ $(STAMP)
 
-$(STAMP_SPARK): pyproject.toml | $(BIN)/python
+$(STAMP_SPARK): $(BUILD_INPUTS) | $(BIN)/python cc-deps
 	@echo "make: installing PySpark and the Spark extra into $(VENV) (first time only, ~700 MB)"
 	$(BIN)/python -m pip install --progress-bar on -e '.[spark]'
 	@touch $@ $(STAMP) $(STAMP_DEMO)
 
-$(STAMP_TEST): pyproject.toml | $(BIN)/python
+$(STAMP_TEST): $(BUILD_INPUTS) | $(BIN)/python cc-deps
 	@echo "make: installing unimq with its test extras into $(VENV) (first time only, ~1.1 GB)"
 	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
 	@touch $@ $(STAMP) $(STAMP_DEMO) $(STAMP_SPARK)
