@@ -1,4 +1,4 @@
-/* core_broker._recordc: the batch encoder of bare records, compiled (optional).
+/* core_broker._recordc: the batch encoder of plain records, compiled (optional).
 
 Why C: a put_batch of bare 1 KiB messages spends about 13,100 instructions per message in
 the pure-Python loop of core_broker/appender.py (bench/RESULTS.md, "Where a message's
@@ -8,10 +8,11 @@ string and the result tuple. Column-wise Python encoding saved 3%. One call per 
 removes that work. Plain CPython C API rather than Cython: Cython is not among the project's
 build requirements, and the function is one loop over a list with a fixed record layout.
 
-What it does (encode_bare): starting at msgs[i], encode the records of a run of *bare*
-messages (no tag, keys, properties, ids, message group, born host or extra queues; not a batch
-record) of one topic, queue and protocol, exactly as appender.py's pure-Python loop does
-(record.bare_head_packer's layout): the record bytes go to ``pending`` (consecutive records in
+What it does (encode_run): starting at msgs[i], encode the records of a run of *plain*
+messages (no tag, keys, ids, message group or extra queues; not a batch record; properties of
+str keys and values and a born host allowed: a door's publish) of one topic, queue and protocol,
+exactly as appender.py's pure-Python loop does (record.encode_head's layout, which
+record.bare_head_packer and record.door_head produce too): the record bytes go to ``pending`` (consecutive records in
 one bytes piece; a body over COPY_MAX as a piece of its own, never copied), the consume-queue
 entries (consume_queue.ENTRY) to ``ents``, the PutResults to ``results``. It stops, without
 touching anything for that message, at the first message it does not take: any other shape, a
@@ -200,8 +201,8 @@ static int get_int(PyObject *o, long long lo, long long hi, long long *out) {
     return 1;
 }
 
-/* 1 when ``v`` (a new reference, consumed; NULL: missing) is falsy, as a bare message's
- * tag, keys, properties, ids, group, born host and extra queues are. */
+/* 1 when ``v`` (a new reference, consumed; NULL: missing) is falsy, as a plain message's
+ * tag, keys, id, group and extra queues are. */
 static int falsy(PyObject *v) {
     if (v == NULL) return 0;
     int t;
@@ -232,6 +233,38 @@ static int int_in(PyObject *v, long long lo, long long hi, long long *out) {
     int ok = get_int(v, lo, hi, out);
     Py_DECREF(v);
     return ok;
+}
+
+/* The size of record.encode_properties(props) for a dict of str keys and str values (u16 key
+ * length, u32 value length, key, value; UTF-8), or -1 when the dict holds anything else or a
+ * length the struct would refuse: such a message is left to Python. */
+static Py_ssize_t props_size(PyObject *props) {
+    Py_ssize_t it = 0, total = 0, kl, vl;
+    PyObject *k, *v;
+    while (PyDict_Next(props, &it, &k, &v)) {
+        if (!PyUnicode_CheckExact(k) || !PyUnicode_CheckExact(v)) return -1;
+        if (PyUnicode_AsUTF8AndSize(k, &kl) == NULL || PyUnicode_AsUTF8AndSize(v, &vl) == NULL) {
+            PyErr_Clear(); /* (a lone surrogate: str.encode() raises it in Python) */
+            return -1;
+        }
+        if (kl > 0xffff || vl > 0xffffffffLL) return -1;
+        total += 6 + kl + vl;
+    }
+    return total > 0xffffffffLL ? -1 : total;
+}
+
+/* Write the properties sized by props_size (nothing has run since: the dict is unchanged). */
+static void props_write(PyObject *props, unsigned char *t) {
+    Py_ssize_t it = 0, kl, vl;
+    PyObject *k, *v;
+    while (PyDict_Next(props, &it, &k, &v)) {
+        const char *kd = PyUnicode_AsUTF8AndSize(k, &kl), *vd = PyUnicode_AsUTF8AndSize(v, &vl);
+        put16(t, (uint16_t)kl);
+        put32(t + 2, (uint32_t)vl);
+        memcpy(t + 6, kd, (size_t)kl);
+        memcpy(t + 6 + kl, vd, (size_t)vl);
+        t += 6 + kl + vl;
+    }
 }
 
 /* "<prefix><phys as 16 upper-case hex digits>": the id of a server-assigned message. */
@@ -293,26 +326,26 @@ static unsigned char *piece_room(Piece *pc, PyObject *pending, Py_ssize_t need, 
     return (unsigned char *)PyBytes_AS_STRING(pc->buf) + pc->used;
 }
 
-/* encode_bare(msgs, i, topic, qid, proto, tp, lt, lp, qo, qlimit, pos, end, now, max_body,
+/* encode_run(msgs, i, topic, qid, proto, tp, lt, lp, qo, qlimit, pos, end, now, max_body,
  *             id_prefix, pending, ents, results) -> (next i, next pos)
  *
  * msgs: a list or tuple; tp: topic + protocol, encoded (lt, lp: their lengths); qo: the queue
  * offset of msgs[i]; qlimit: the first queue offset the queue's open file cannot take; pos: the
  * commitlog offset of msgs[i]'s record; end: where the segment (or a warm-up claim) starts. */
-static PyObject *py_encode_bare(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 18) {
-        PyErr_SetString(PyExc_TypeError, "encode_bare takes 18 arguments");
+        PyErr_SetString(PyExc_TypeError, "encode_run takes 18 arguments");
         return NULL;
     }
     if (put_result_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "encode_bare: setup() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "encode_run: setup() was not called");
         return NULL;
     }
     PyObject *msgs = args[0], *topic = args[2], *qid_o = args[3], *proto = args[4], *tp = args[5];
     PyObject *id_prefix = args[14], *pending = args[15], *ents = args[16], *results = args[17];
     if (!(PyList_Check(msgs) || PyTuple_Check(msgs)) || !PyBytes_Check(tp) || !PyUnicode_Check(id_prefix) ||
         !PyList_Check(pending) || !PyList_Check(ents) || !PyList_Check(results)) {
-        PyErr_SetString(PyExc_TypeError, "encode_bare: bad argument types");
+        PyErr_SetString(PyExc_TypeError, "encode_run: bad argument types");
         return NULL;
     }
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
@@ -322,12 +355,12 @@ static PyObject *py_encode_bare(PyObject *self, PyObject *const *args, Py_ssize_
     long long now = PyLong_AsLongLong(args[12]), max_body = PyLong_AsLongLong(args[13]);
     if (PyErr_Occurred()) return NULL;
     if (lt + lp != PyBytes_GET_SIZE(tp) || lt < 0 || lp < 0 || lt > 0xffff || lp > 0xffff) {
-        PyErr_SetString(PyExc_ValueError, "encode_bare: bad topic/protocol lengths");
+        PyErr_SetString(PyExc_ValueError, "encode_run: bad topic/protocol lengths");
         return NULL;
     }
     long long qid;
     if (!get_int(qid_o, INT32_MIN, INT32_MAX, &qid)) return Py_BuildValue("(nL)", i, pos); /* the struct refuses it */
-    const Py_ssize_t hsz = HEADER_SIZE + (Py_ssize_t)(lt + lp);
+    const Py_ssize_t hsz0 = HEADER_SIZE + (Py_ssize_t)(lt + lp); /* a bare record's header */
     const char *tpd = PyBytes_AS_STRING(tp);
     Piece pc = {NULL, 0, 0};
 
@@ -344,8 +377,8 @@ static PyObject *py_encode_bare(PyObject *self, PyObject *const *args, Py_ssize_
                  int_in(attr(m, A_FLAGS, sl), 0, 0xffffffffLL, &flags) && !(flags & FLAG_BATCH) &&
                  equals(attr(m, A_TOPIC, sl), topic) && equals(attr(m, A_QID, sl), qid_o) &&
                  equals(attr(m, A_PROTO, sl), proto) && falsy(attr(m, A_TAG, sl)) && falsy(attr(m, A_MID, sl)) &&
-                 falsy(attr(m, A_KEYS, sl)) && falsy(attr(m, A_PROPS, sl)) && falsy(attr(m, A_GROUP, sl)) &&
-                 falsy(attr(m, A_HOST, sl)) && int_in(attr(m, A_DELIVERY, sl), INT64_MIN, INT64_MAX, &delivery) &&
+                 falsy(attr(m, A_KEYS, sl)) && falsy(attr(m, A_GROUP, sl)) &&
+                 int_in(attr(m, A_DELIVERY, sl), INT64_MIN, INT64_MAX, &delivery) &&
                  int_in(attr(m, A_RECONSUME, sl), INT32_MIN, INT32_MAX, &reconsume);
         if (ok) { /* born_timestamp_ms or now */
             PyObject *b = attr(m, A_BORN, sl);
@@ -357,9 +390,29 @@ static PyObject *py_encode_bare(PyObject *self, PyObject *const *args, Py_ssize_
                 Py_DECREF(b);
             }
         }
+        /* A door's message: a born host and properties (str -> str), encoded as record.py does. */
+        PyObject *host = NULL, *props = NULL;
+        const char *hd = NULL;
+        Py_ssize_t hl = 0, prl = 0;
+        if (ok) {
+            host = attr(m, A_HOST, sl);
+            if (host == NULL || (host != Py_None && !PyUnicode_CheckExact(host))) ok = 0;
+            else if (host != Py_None && PyUnicode_GET_LENGTH(host)) {
+                if ((hd = PyUnicode_AsUTF8AndSize(host, &hl)) == NULL) { PyErr_Clear(); ok = 0; }
+                else if (hl > 0xffff) ok = 0;
+            }
+        }
+        if (ok) {
+            props = attr(m, A_PROPS, sl);
+            if (props == NULL || (props != Py_None && !PyDict_CheckExact(props))) ok = 0;
+            else if (props != Py_None && (prl = props_size(props)) < 0) ok = 0;
+        }
         Py_ssize_t bl = ok ? PyBytes_GET_SIZE(body) : 0;
+        Py_ssize_t hsz = hsz0 + hl + prl;
         Py_ssize_t size = hsz + bl;
         if (!ok || pos + size > end) {
+            Py_XDECREF(host);
+            Py_XDECREF(props);
             Py_XDECREF(body);
             Py_DECREF(m);
             break;
@@ -385,11 +438,24 @@ static PyObject *py_encode_bare(PyObject *self, PyObject *const *args, Py_ssize_
         put32(f + 56, 0);                      /* origin_size */
         put32(f + 60, (uint32_t)(int32_t)reconsume);
         put16(f + 64, (uint16_t)lt);
-        memset(f + 66, 0, 8); /* born host, message id, tag, message group: none */
+        put16(f + 66, (uint16_t)hl);
+        memset(f + 68, 0, 6); /* message id, tag, message group: none */
         put16(f + 74, (uint16_t)lp);
-        memset(f + 76, 0, 12); /* keys, properties, dispatch: none */
+        put32(f + 76, 0); /* keys: none */
+        put32(f + 80, (uint32_t)prl);
+        put32(f + 84, 0); /* dispatch: none */
         put32(f + 88, (uint32_t)bl);
-        memcpy(f + 92, tpd, (size_t)(lt + lp));
+        {
+            unsigned char *t = f + 92;
+            memcpy(t, tpd, (size_t)lt);
+            t += lt;
+            if (hl) memcpy(t, hd, (size_t)hl);
+            t += hl;
+            memcpy(t, tpd + lt, (size_t)lp);
+            if (prl) props_write(props, t + lp);
+        }
+        Py_CLEAR(host);
+        Py_CLEAR(props);
         const char *bd = PyBytes_AS_STRING(body);
         uint32_t crc = crc32c_update(0, f, (size_t)(hsz - PREFIX_SIZE));
         if (bl >= NOGIL_CRC) {
@@ -450,6 +516,8 @@ static PyObject *py_encode_bare(PyObject *self, PyObject *const *args, Py_ssize_
         pos += size;
         continue;
     fail_msg:
+        Py_XDECREF(host);
+        Py_XDECREF(props);
         Py_XDECREF(body);
         Py_DECREF(m);
         Py_CLEAR(pc.buf);
@@ -482,9 +550,9 @@ static PyObject *py_crc32c_sw(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))py_setup, METH_FASTCALL,
-     "setup(PutResult, PUT_OK): the result type and status encode_bare builds."},
-    {"encode_bare", (PyCFunction)(void (*)(void))py_encode_bare, METH_FASTCALL,
-     "Encode a run of bare records of one queue; see the module's source comment."},
+     "setup(PutResult, PUT_OK): the result type and status encode_run builds."},
+    {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL,
+     "Encode a run of plain records of one queue; see the module's source comment."},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0): as the crc32c package's."},
     {"crc32c_sw", py_crc32c_sw, METH_VARARGS, "crc32c by the table method only (for tests)."},
     {NULL, NULL, 0, NULL},

@@ -70,7 +70,7 @@ _HEX4: tuple[str, ...] = tuple(struct.pack(">65536H", *range(65536)).hex(" ", 2)
 
 
 def _load_native() -> Callable[..., tuple[int, int]] | None:
-    """The compiled encoder of runs of bare records (core_broker/_recordc.c, built by
+    """The compiled encoder of runs of plain records (core_broker/_recordc.c, built by
     ``pip install`` when a C compiler is at hand), or None: not built, or UNIMQ_NO_NATIVE=1
     (the pure-Python loop below then encodes every record: the same bytes, slower)."""
     if os.environ.get("UNIMQ_NO_NATIVE", "") not in ("", "0"):
@@ -80,10 +80,10 @@ def _load_native() -> Callable[..., tuple[int, int]] | None:
     except ImportError:
         return None
     _recordc.setup(PutResult, PUT_OK)
-    return _recordc.encode_bare
+    return _recordc.encode_run
 
 
-#: core_broker._recordc.encode_bare when the extension is built and not disabled.
+#: core_broker._recordc.encode_run when the extension is built and not disabled.
 NATIVE_ENCODE = _load_native()
 
 #: (topic + protocol bytes, topic length, protocol length, header pack) of a topic's bare records.
@@ -120,7 +120,7 @@ class Appender:
         self._tag_hashes: dict[str, int] = {}
         self._bare_shapes: dict[tuple[str, str], BareShape] = {}
         self._idx_pending: list[tuple[str, int, int]] = []  # (key, phys, ts) of a batch's unwritten records
-        self._encode_bare = NATIVE_ENCODE if native else None
+        self._encode_run = NATIVE_ENCODE if native else None
         self.set_store_id("")
 
     def set_store_id(self, store_id: str) -> None:
@@ -277,7 +277,8 @@ class Appender:
         Nothing is written before every queue file the batch needs exists, so a
         full disk refuses the batch without storing half of it.
 
-        Runs of bare messages of one queue are encoded by the compiled encoder when it is
+        Runs of plain messages of one queue (bare, or a door's: properties and a born host, no
+        extra queue) are encoded by the compiled encoder when it is
         built (core_broker/_recordc.c: one call per run for the headers, CRCs, queue entries,
         ids and results; the same bytes); it stops at anything else, and this loop goes on.
 
@@ -301,7 +302,7 @@ class Appender:
         hex4 = _HEX4
         id_key = -1
         id_head = ""
-        native = self._encode_bare
+        native = self._encode_run
         id_prefix = self.id_prefix
         pending: list[bytes] = []  # encoded records not yet written (bare: prefix, head, body; else head, body)
         runs: dict[tuple[str, int], list] = {}  # (topic, queue) -> [cq, first queue offset, entries]
@@ -371,6 +372,12 @@ class Appender:
                         # (an MQTT QoS 1 subscriber's LMQ). A run of equal ones (one publisher's
                         # messages on one topic) shares one header template (record.door_head): its
                         # strings are encoded once per run, the queue offsets packed per record.
+                        if native is not None and not extra:  # the compiled encoder: as for bare ones below
+                            j, npos = native(seq, i - 1, topic, qid, proto, tp, lt, lp, qo, cq.limit,  # type: ignore[union-attr]
+                                             pos, end, now, limit, id_prefix, pending, ents, results)
+                            if j >= i:
+                                i, pos = j, npos
+                                continue
                         host = m.born_host
                         if dtp is not tp or host != dhost or (props is not dprops and props != dprops) or (
                                 extra is not dext and extra != dext):
@@ -470,9 +477,10 @@ class Appender:
                     pos += size
                     continue
                 if native is not None:
-                    # The compiled encoder takes this bare message and the run of bare ones of
-                    # this queue after it, as far as the queue file and the segment allow;
-                    # when it takes none (a value it leaves to Python), the code below does.
+                    # The compiled encoder takes this bare message and the run of plain ones (bare,
+                    # or with properties and a born host) of this queue after it, as far as the
+                    # queue file and the segment allow; when it takes none (a value it leaves to
+                    # Python), the code below does.
                     j, npos = native(seq, i - 1, topic, qid, proto, tp, lt, lp, qo, cq.limit,  # type: ignore[union-attr]
                                      pos, end, now, limit, id_prefix, pending, ents, results)
                     if j >= i:

@@ -170,6 +170,14 @@ class Topic(str):
         {"body": memoryview(b"abcdef")},
         {"topic": Topic("t")},
         {"protocol": "amqp"},
+        {"properties": {"k": "v\udc80"}},  # a lone surrogate: str.encode() raises on both sides
+        {"properties": {"k": b"bytes value"}},
+        {"properties": {1: "non-str key"}},
+        {"properties": {"k" * 70_000: "a key over u16"}},
+        {"properties": {"ünï": "cödé ✓", "k": ""}},
+        {"born_host": "hôst:1"},
+        {"born_host": b"1.2.3.4:5"},
+        {"born_host": "h" * 70_000},
     ],
     ids=lambda d: next(iter(d)) + "=" + type(next(iter(d.values()))).__name__,
 )
@@ -180,6 +188,20 @@ def test_values_left_to_python(tmp_path: Path, odd: dict) -> None:
         setattr(m, k, v)
     batches = [[bare("t", 20), bare("t", 30), m, bare("t", 40)], [bare("t", 50)]]
     run_both(tmp_path, batches)
+
+
+def test_door_batches(tmp_path: Path) -> None:
+    """The doors' publishes: properties (some shared, some unique per message) and born hosts."""
+    rnd = random.Random(3)
+    batches = [
+        [Message("t", bytes(100), protocol="http", born_host=f"10.0.0.{i % 3}:1", properties={
+            "ce_specversion": "1.0", "ce_type": "com.example", "ce_id": f"evt-{i:08d}"}) for i in range(100)],
+        [Message(rnd.choice("tu"), rnd.randbytes(rnd.randrange(0, 9000)), protocol="mqtt",
+                 properties={} if rnd.random() < 0.3 else {"mqtt_topic": "a/" * rnd.randrange(5), "q": "1"},
+                 born_host="" if rnd.random() < 0.3 else "127.0.0.1:5") for _ in range(200)],
+    ]
+    outcomes = run_both(tmp_path, batches)
+    assert all(o[0] == "ok" for o in outcomes)
 
 
 def test_too_large_and_refusals(tmp_path: Path) -> None:
