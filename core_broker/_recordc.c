@@ -12,9 +12,9 @@ What it does (encode_run): starting at msgs[i], encode the records of a run of *
 messages (no tag, keys, ids, message group or extra queues; not a batch record; properties of
 str keys and values and a born host allowed: a door's publish) of one topic, queue and protocol,
 exactly as appender.py's pure-Python loop does (record.encode_head's layout, which
-record.bare_head_packer and record.door_head produce too): the record bytes go to ``pending`` (consecutive records in
-one bytes piece; a body over COPY_MAX as a piece of its own, never copied), the consume-queue
-entries (consume_queue.ENTRY) to ``ents``, the PutResults to ``results``. It stops, without
+record.bare_head_packer and record.door_head produce too): the record bytes go to ``pending``
+(consecutive records in one bytes piece; a body over COPY_MAX as a piece of its own, never
+copied), the consume-queue entries (consume_queue.ENTRY) to ``ents``, the PutResults to ``results``. It stops, without
 touching anything for that message, at the first message it does not take: any other shape, a
 value the struct packs would refuse, a queue offset at or past ``qlimit`` (its queue file must be
 made first), a record that does not fit before ``end``. The Python loop handles that message, so
@@ -372,10 +372,14 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
         long long flags, born = 0, delivery, reconsume;
         int sl = slots_of(Py_TYPE(m));
         PyObject *body = attr(m, A_BODY, sl);
+        /* The message's own queue id object, for its result; every attribute is read before the GIL
+         * may be released (a big body's CRC): another store's call may then change slots_off. */
+        PyObject *qm = attr(m, A_QID, sl);
+        Py_XINCREF(qm); /* (one reference for equals() to consume) */
         int ok = body != NULL && PyBytes_CheckExact(body) && PyBytes_GET_SIZE(body) <= max_body &&
                  PyBytes_GET_SIZE(body) <= 0xffffffffLL && falsy(attr(m, A_EXTRA, sl)) &&
                  int_in(attr(m, A_FLAGS, sl), 0, 0xffffffffLL, &flags) && !(flags & FLAG_BATCH) &&
-                 equals(attr(m, A_TOPIC, sl), topic) && equals(attr(m, A_QID, sl), qid_o) &&
+                 equals(attr(m, A_TOPIC, sl), topic) && equals(qm, qid_o) &&
                  equals(attr(m, A_PROTO, sl), proto) && falsy(attr(m, A_TAG, sl)) && falsy(attr(m, A_MID, sl)) &&
                  falsy(attr(m, A_KEYS, sl)) && falsy(attr(m, A_GROUP, sl)) &&
                  int_in(attr(m, A_DELIVERY, sl), INT64_MIN, INT64_MAX, &delivery) &&
@@ -411,6 +415,7 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_ssize_t hsz = hsz0 + hl + prl;
         Py_ssize_t size = hsz + bl;
         if (!ok || pos + size > end) {
+            Py_XDECREF(qm);
             Py_XDECREF(host);
             Py_XDECREF(props);
             Py_XDECREF(body);
@@ -487,20 +492,20 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         {
             PyObject *mid = make_id(id_prefix, (uint64_t)pos);
-            PyObject *qm = attr(m, A_QID, sl); /* the message's own queue id object */
             PyObject *qo_o = PyLong_FromLongLong(qo);
             PyObject *pos_o = PyLong_FromLongLong(pos);
             PyObject *size_o = PyLong_FromSsize_t(size);
             PyObject *r = NULL;
-            if (mid && qm && qo_o && pos_o && size_o) r = put_result_type->tp_alloc(put_result_type, 7);
+            if (mid && qo_o && pos_o && size_o) r = put_result_type->tp_alloc(put_result_type, 7);
             if (r == NULL) {
-                Py_XDECREF(mid); Py_XDECREF(qm); Py_XDECREF(qo_o); Py_XDECREF(pos_o); Py_XDECREF(size_o);
+                Py_XDECREF(mid); Py_XDECREF(qo_o); Py_XDECREF(pos_o); Py_XDECREF(size_o);
                 goto fail_msg;
             }
             Py_INCREF(put_ok);
             PyTuple_SET_ITEM(r, 0, put_ok);
             PyTuple_SET_ITEM(r, 1, mid);
-            PyTuple_SET_ITEM(r, 2, qm);
+            PyTuple_SET_ITEM(r, 2, qm); /* (its reference moves into the result) */
+            qm = NULL;
             PyTuple_SET_ITEM(r, 3, qo_o);
             PyTuple_SET_ITEM(r, 4, pos_o);
             PyTuple_SET_ITEM(r, 5, size_o);
@@ -516,6 +521,7 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
         pos += size;
         continue;
     fail_msg:
+        Py_XDECREF(qm);
         Py_XDECREF(host);
         Py_XDECREF(props);
         Py_XDECREF(body);

@@ -242,3 +242,45 @@ def test_message_subclasses(tmp_path: Path) -> None:
     batches = [[bare("t", 10), *sub[:5], bare("t", 20), *sub[5:]]]
     outcomes = run_both(tmp_path, batches)
     assert outcomes[0][0] == "ok" and len(outcomes[0][1]) == 12
+
+
+class SlotMessage:
+    """Not a Message: the same attributes in slots of another order (other offsets)."""
+
+    __slots__ = tuple(reversed(Message.__slots__))
+
+    def __init__(self, topic: str, body: bytes) -> None:
+        m = Message(topic, body)
+        for name in Message.__slots__:
+            setattr(self, name, getattr(m, name))
+
+
+def test_two_stores_in_two_threads(tmp_path: Path) -> None:
+    """A 2 MiB body's CRC runs without the GIL; another store's call meanwhile, on messages of
+    another slotted type, resolves other slot offsets: neither may read the other's."""
+    import threading
+
+    mib = 1 << 20
+    work = {
+        "a": [[bare("t", 2 * mib) for _ in range(3)] + [bare("t", 10) for _ in range(50)] for _ in range(4)],
+        "b": [[SlotMessage("u", bytes(range(i % 200))) for i in range(200)] for _ in range(20)],
+    }  # type: dict[str, list[list]]
+
+    def run(name: str, native: bool, out: dict) -> None:
+        a = make(tmp_path / f"{name}-{native}", native, 16 * mib, 4 * mib)
+        out[name] = [a.append_batch(b, NOW) for b in work[name]]
+        a.commitlog.close()
+        a.index.close()
+
+    got: dict = {}
+    threads = [threading.Thread(target=run, args=(n, True, got)) for n in work]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    want: dict = {}
+    for n in work:
+        run(n, False, want)
+    assert got == want
+    for n in work:
+        assert files(tmp_path / f"{n}-True") == files(tmp_path / f"{n}-False")
