@@ -68,7 +68,6 @@ _encode_properties = record.encode_properties
 _HEX4: tuple[str, ...] = tuple(struct.pack(">65536H", *range(65536)).hex(" ", 2).upper().split())
 
 
-
 def _load_native() -> Callable[..., tuple[int, int]] | None:
     """The compiled encoder of runs of plain records (core_broker/_recordc.c, built by
     ``pip install`` when a C compiler is at hand), or None: not built, or UNIMQ_NO_NATIVE=1
@@ -278,9 +277,9 @@ class Appender:
         full disk refuses the batch without storing half of it.
 
         Runs of plain messages of one queue (bare, or a door's: properties and a born host, no
-        extra queue) are encoded by the compiled encoder when it is
-        built (core_broker/_recordc.c: one call per run for the headers, CRCs, queue entries,
-        ids and results; the same bytes); it stops at anything else, and this loop goes on.
+        extra queue) are encoded by the compiled encoder when it is built (core_broker/_recordc.c:
+        one call per run for the headers, CRCs, queue entries, ids and results; the same bytes);
+        it stops at anything else, and this loop goes on.
 
         Tried and not kept: encoding a uniform batch of bare messages column-wise
         (one template head per record, the differing fields written through strided
@@ -361,6 +360,16 @@ class Appender:
                 qo = run[1] + len(ents)  # type: ignore[arg-type]
                 if qo >= cq.limit:  # type: ignore[union-attr]
                     cq.ensure(qo)  # type: ignore[union-attr]  # may raise StoreFullError: nothing written yet
+                if native is not None and not extra:
+                    # The compiled encoder takes this message, if plain (bare, or a door's: properties
+                    # and a born host), and the run of plain ones of this queue after it, as far as
+                    # the queue file and the segment allow; when it takes none (another shape, or a
+                    # value it leaves to Python), the code below does.
+                    j, npos = native(seq, i - 1, topic, qid, proto, tp, lt, lp, qo, cq.limit,  # type: ignore[union-attr]
+                                     pos, end, now, limit, id_prefix, pending, ents, results)
+                    if j >= i:
+                        i, pos = j, npos
+                        continue
                 if extra or m.tag or m.message_id or m.keys or m.properties or m.message_group or m.born_host:
                     # (Read here, not before the test: a bare message never needs them.)
                     tag = m.tag
@@ -372,12 +381,6 @@ class Appender:
                         # (an MQTT QoS 1 subscriber's LMQ). A run of equal ones (one publisher's
                         # messages on one topic) shares one header template (record.door_head): its
                         # strings are encoded once per run, the queue offsets packed per record.
-                        if native is not None and not extra:  # the compiled encoder: as for bare ones below
-                            j, npos = native(seq, i - 1, topic, qid, proto, tp, lt, lp, qo, cq.limit,  # type: ignore[union-attr]
-                                             pos, end, now, limit, id_prefix, pending, ents, results)
-                            if j >= i:
-                                i, pos = j, npos
-                                continue
                         host = m.born_host
                         if dtp is not tp or host != dhost or (props is not dprops and props != dprops) or (
                                 extra is not dext and extra != dext):
@@ -476,16 +479,6 @@ class Appender:
                     add(_new_tuple(PutResult, (PUT_OK, mid, qid, qo, pos, size, xo)))
                     pos += size
                     continue
-                if native is not None:
-                    # The compiled encoder takes this bare message and the run of plain ones (bare,
-                    # or with properties and a born host) of this queue after it, as far as the
-                    # queue file and the segment allow; when it takes none (a value it leaves to
-                    # Python), the code below does.
-                    j, npos = native(seq, i - 1, topic, qid, proto, tp, lt, lp, qo, cq.limit,  # type: ignore[union-attr]
-                                     pos, end, now, limit, id_prefix, pending, ents, results)
-                    if j >= i:
-                        i, pos = j, npos
-                        continue
                 # record.encode's fast path for a bare message, inlined (same bytes): the
                 # prefix, the header and the body go to pwritev as three pieces (two when
                 # the body is small enough to copy after the header).
