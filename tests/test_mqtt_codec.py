@@ -160,6 +160,15 @@ def test_topic_helpers() -> None:
         assert sorted(trie.match(topic)) == sorted(f for f in filters if filter_matches(f, topic)), topic
     trie.remove("a/+", 3)
     assert "a/+" not in trie.match("a/b")
+    # filters without wildcards are kept whole: one owner, several, one replaced, removed
+    trie.add("a/b", "x", "a/b by x")
+    trie.add("a/b", "y", "a/b by y")
+    trie.add("a/b", "y", "a/b by y again")
+    assert sorted(trie.match("a/b")) == ["#", "+/b", "a/#", "a/b", "a/b by x", "a/b by y again"]
+    assert trie.remove("a/b", 4) == "a/b" and trie.remove("a/b", "x") == "a/b by x"
+    assert trie.remove("a/b", "x") is None and trie.remove("c", "x") is None
+    assert sorted(trie.match("a/b")) == ["#", "+/b", "a/#", "a/b by y again"]
+    assert trie.count == len(list(trie)) == len(filters) - 1  # - "a/+" - "a/b" + "a/b by y"
 
 
 # ------------------------------------------------------------------ fuzz

@@ -6,7 +6,11 @@ trie holds one node per filter level; ``+`` and ``#`` are ordinary child keys,
 so matching a topic of L levels visits at most the nodes on the paths its
 levels and wildcards allow, independent of how many filters exist elsewhere.
 The ``$``-topic rule (MQTT 4.7.2: a filter starting with a wildcard does not
-match a topic starting with ``$``) is applied at the root.
+match a topic starting with ``$``) is applied at the root. A filter without
+wildcards matches one topic only: it is kept whole in a dict beside the trie
+(one lookup per PUBLISH), not as a node per level. Why: a fleet's devices each
+subscribe to their own topic (``fleet/<id>/cmd``), on every gateway (fleet.py),
+and a node per level cost ~700 bytes per device per gateway (issue 21's memory).
 
 The one-model mapping (MQTT topic ``a/b/c`` stored in unified topic ``a``, the
 full topic in a property) is ``gateway.naming``'s, shared with the other doors.
@@ -95,9 +99,15 @@ class TopicTrie:
 
     def __init__(self) -> None:
         self.root = _Node()
+        # a filter without wildcards -> its one entry as (key, entry), or a dict key -> entry
+        # for several (a 2-tuple is 56 bytes, a one-entry dict 184)
+        self.exact: dict[str, tuple[Any, Any] | dict[Any, Any]] = {}
         self.count = 0
 
     def add(self, flt: str, key: Any, entry: Any) -> None:
+        if "+" not in flt and "#" not in flt:
+            self._add_exact(flt, key, entry)
+            return
         node = self.root
         for lv in flt.split("/"):
             nxt = node.children.get(lv)
@@ -113,7 +123,25 @@ class TopicTrie:
                 node.subs = {}
         node.subs[key] = entry
 
+    def _add_exact(self, flt: str, key: Any, entry: Any) -> None:
+        cur = self.exact.get(flt)
+        if cur is None:
+            self.exact[flt] = (key, entry)
+        elif type(cur) is tuple:
+            if cur[0] == key:
+                self.exact[flt] = (key, entry)
+                return
+            self.exact[flt] = {cur[0]: cur[1], key: entry}
+        else:
+            known = key in cur
+            cur[key] = entry  # type: ignore[index]
+            if known:
+                return
+        self.count += 1
+
     def remove(self, flt: str, key: Any) -> Any:
+        if "+" not in flt and "#" not in flt:
+            return self._remove_exact(flt, key)
         path = [self.root]
         node = self.root
         levels = flt.split("/")
@@ -133,11 +161,33 @@ class TopicTrie:
             del path[i - 1].children[levels[i - 1]]
         return entry
 
+    def _remove_exact(self, flt: str, key: Any) -> Any:
+        cur = self.exact.get(flt)
+        if cur is None:
+            return None
+        if type(cur) is tuple:
+            if cur[0] != key:
+                return None
+            del self.exact[flt]
+            entry = cur[1]
+        else:
+            entry = cur.pop(key, None)  # type: ignore[call-overload]
+            if entry is None:
+                return None
+            if len(cur) == 1:
+                ((k, e),) = cur.items()  # type: ignore[union-attr]
+                self.exact[flt] = (k, e)
+        self.count -= 1
+        return entry
+
     def match(self, topic: str) -> list[Any]:
         """Every entry whose filter matches ``topic``."""
+        cur = self.exact.get(topic)
+        out: list[Any] = [] if cur is None else [cur[1]] if type(cur) is tuple else list(cur.values())  # type: ignore[union-attr]
+        if not self.root.children:
+            return out
         levels = topic.split("/")
         n = len(levels)
-        out: list[Any] = []
         stack = [(self.root, 0)]
         dollar = topic[:1] == "$"
         while stack:
@@ -163,6 +213,11 @@ class TopicTrie:
         return out
 
     def __iter__(self) -> Iterator[Any]:
+        for cur in self.exact.values():
+            if type(cur) is tuple:
+                yield cur[1]
+            else:
+                yield from cur.values()  # type: ignore[union-attr]
         stack = [self.root]
         while stack:
             node = stack.pop()
