@@ -253,7 +253,9 @@ def fleet(n: int, base: Path, gateways: int | None = None) -> dict[str, float]:
     procs, pipes = [], []
     try:
         pids = [p.popen.pid for p in [*c.gateways, *c.brokers.values(), c.nameserver]]  # type: ignore[union-attr]
+        roles = {"gateways": pids[:g], "brokers": pids[g:-1], "nameserver": pids[-1:]}
         rss0 = sum(rss_mib(p) for p in pids)
+        by_role0 = {k: sum(rss_mib(p) for p in v) for k, v in roles.items()}
         ctx = mp.get_context("spawn")
         t0 = time.monotonic()
         for k, first in enumerate(range(0, n, PER_WORKER)):
@@ -266,6 +268,9 @@ def fleet(n: int, base: Path, gateways: int | None = None) -> dict[str, float]:
         t_sub = time.monotonic() - t0
         time.sleep(2)  # let the gateways settle (sessions written, LMQs known)
         rss = sum(rss_mib(p) for p in pids)
+        # where the growth is (the gateways: sessions, connections, routing copies; the brokers:
+        # the stored session records and LMQs), per device
+        growth = {f"kib_{k}": (sum(rss_mib(p) for p in v) - by_role0[k]) * 1024 / n for k, v in roles.items()}
         cpu0 = sum(cpu_seconds(p) for p in pids)
         for a in pipes:
             a.send("go")
@@ -276,7 +281,7 @@ def fleet(n: int, base: Path, gateways: int | None = None) -> dict[str, float]:
         for a in pipes:
             a.send("stop")
         return {"n": n, "gateways": g, "workers": len(procs), "subscribe_s": t_sub, "first_s": first_s,
-                "delivered": got, "rss_mib": rss, "rss0_mib": rss0, "cpu_s": cpu, "retried": retried}
+                "delivered": got, "rss_mib": rss, "rss0_mib": rss0, "cpu_s": cpu, "retried": retried, **growth}
     finally:
         for w in procs:
             w.join(60)
@@ -294,7 +299,9 @@ def _fleet_row(r: dict[str, float]) -> Row:
                     f"subscribing took {r['subscribe_s']:.1f} s ({int(r['retried']):,} devices reconnected after "
                     f"their connection closed before SUBACK); {int(r['delivered']):,} first messages delivered; "
                     f"unimq (nameserver, 2 brokers, {int(r['gateways'])} gateways): RSS {r['rss_mib']:,.0f} MiB "
-                    f"with every device connected ({r['rss0_mib']:,.0f} MiB before), CPU {r['cpu_s']:.1f} s "
+                    f"with every device connected ({r['rss0_mib']:,.0f} MiB before: "
+                    f"{(r['rss_mib'] - r['rss0_mib']) * 1024 / n:.1f} KiB per device, of which gateways "
+                    f"{r.get('kib_gateways', 0):.1f}, brokers {r.get('kib_brokers', 0):.1f}), CPU {r['cpu_s']:.1f} s "
                     "for the first messages")
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Any, Protocol
 
 __all__ = ["DoorFeed", "MAX_NOTES", "VersionedKv"]
@@ -46,25 +46,32 @@ class DoorFeed:
     def __init__(self) -> None:
         self.incarnation = secrets.token_hex(8)
         self.seq = 0
-        self.changed: dict[str, OrderedDict[str, int]] = {}  # namespace -> key -> seq of its last change
-        # (namespace, key) -> the gateway that made its last change, when it said so: that gateway
+        # namespace -> key -> seq of its last change, in that order (a plain dict, the key moved to
+        # the end by taking it out first: an OrderedDict's links cost ~100 bytes more per key, and
+        # a fleet's brokers hold a key per device: issue 21's memory)
+        self.changed: dict[str, dict[str, int]] = {}
+        # namespace -> key -> the gateway that made its last change, when it said so: that gateway
         # is not sent its own write back (it knows it; in a storm that halves what the feed sends)
-        self.writers: dict[tuple[str, str], str] = {}
+        self.writers: dict[str, dict[str, str]] = {}
         self.notes: dict[str, deque[Any]] = {}  # gateway id -> notes left for it
         self.watchers: dict[str, float] = {}  # gateway id -> when its last watch call ended
         self._waiters: set[asyncio.Future[None]] = set()
 
     def kv_changed(self, namespace: str, key: str, writer: str = "") -> None:
+        ws = self.writers.get(namespace)
         if writer:
-            self.writers[(namespace, key)] = writer
-        elif self.writers:
-            self.writers.pop((namespace, key), None)
+            if ws is None:
+                ws = self.writers[namespace] = {}
+            ws[key] = writer
+        elif ws:
+            ws.pop(key, None)
         self.seq += 1
         od = self.changed.get(namespace)
         if od is None:
-            od = self.changed[namespace] = OrderedDict()
+            od = self.changed[namespace] = {}
+        else:
+            od.pop(key, None)
         od[key] = self.seq
-        od.move_to_end(key)
         self._wake()
 
     def notify(self, gateway: str, notes: list[Any]) -> None:
@@ -85,16 +92,16 @@ class DoorFeed:
         """Keys of ``namespaces`` changed after ``seq`` (newest change last), but those whose last
         change ``gateway`` made itself."""
         out: dict[str, list[str]] = {}
-        writers = self.writers if gateway else None
         for ns in namespaces:
             od = self.changed.get(ns)
             if not od:
                 continue
+            writers = self.writers.get(ns) if gateway else None
             keys = []
             for k, s in reversed(od.items()):
                 if s <= seq:
                     break
-                if writers and writers.get((ns, k)) == gateway:
+                if writers and writers.get(k) == gateway:
                     continue
                 keys.append(k)
             if keys:
