@@ -26,7 +26,7 @@ from __future__ import annotations
 from gateway.api import MessagingAPI
 from gateway.auth import Action, Resource
 
-from .session import Session
+from .session import EMPTY, Session
 
 __all__ = ["AccessControl"]
 
@@ -61,8 +61,8 @@ class AccessControl:
         ok = s.acl_write.get(topic)
         if ok is None:
             ok = self.processor.allowed(s.ctx, _PUB, _MQTT, topic)
-            if len(s.acl_write) > 1024:  # topics are the client's: keep the cache bounded
-                s.acl_write.clear()
+            if len(s.acl_write) > 1024 or s.acl_write is EMPTY:  # bounded: the topics are the client's
+                s.acl_write = {}
             s.acl_write[topic] = ok
         return ok
 

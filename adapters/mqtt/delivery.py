@@ -141,7 +141,7 @@ class Delivery:
                 hosted = True  # committed_floor hosted the LMQ there
             except UnimqError:
                 start, hosted = 0, False
-            cur = s.cursors[key] = Cursor(b, start, must_pull=True)
+            cur = s.new_cursor(key, Cursor(b, start, must_pull=True))
             cur.hosted = hosted
             self._lane_brokers.add(b)
             s.pending[key] = 1
@@ -236,7 +236,7 @@ class Delivery:
                 for c in others:
                     if c.end > c.read:
                         runs.note(c.broker, c.end - c.read)
-            cur = s.cursors[key] = Cursor(broker)  # type: ignore[index]
+            cur = s.new_cursor(key, Cursor(broker))  # type: ignore[arg-type]
             # made for an entry ``broker`` stored: that broker names the LMQ already, no
             # hosting call before the first pull (lmq_reader.pull_lane)
             cur.hosted = True

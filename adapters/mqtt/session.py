@@ -37,12 +37,29 @@ from .topics import parse_shared
 if TYPE_CHECKING:
     from .connection import Connection
 
-__all__ = ["Subscription", "Cursor", "Inflight", "Session", "Outgoing", "SESSION_NEVER_EXPIRES", "NONE"]  # Outgoing: mapping's
+__all__ = ["Subscription", "Cursor", "Inflight", "Session", "Outgoing", "SESSION_NEVER_EXPIRES", "NONE", "EMPTY"]  # Outgoing: mapping's
 
 SESSION_NEVER_EXPIRES = 0xFFFFFFFF
 # The empty value of a session's packet-id and lane sets until one is added (an empty set is
 # 216 bytes, and ten thousands of idle sessions have none): code that adds makes a set first.
 NONE: frozenset[Any] = frozenset()
+
+
+class _Empty(dict):  # type: ignore[type-arg]
+    """An empty dict that refuses writes: a session's lanes, wake marks, in-flight window and ACL
+    cache until it has one (an empty dict is 64 bytes, five per idle session; issue 21's memory).
+    Reads, ``pop`` and ``clear`` work as on any empty dict; a write is a bug (the code that adds
+    makes a dict first: :meth:`Session.new_cursor`, :meth:`Session.alloc_pid`) and says so."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("Session's shared empty dict is read-only: make the session its own dict first")
+
+    __setitem__ = setdefault = update = __ior__ = _refuse  # type: ignore[assignment]
+
+
+EMPTY: dict[Any, Any] = _Empty()
 
 
 class Subscription:
@@ -104,9 +121,10 @@ class Session:
         self.subs: dict[str, Subscription] = {}  # key (filter or $share/g/f) -> subscription
         self.lmq_seq = 0
         self.conn: Connection | None = None
-        self.cursors: dict[tuple[str, str], Cursor] = {}  # (lmq, broker) -> that lane's cursor
-        self.pending: dict[tuple[str, str], int] = {}  # lane -> wake generation (has data to read)
-        self.inflight: dict[int, Inflight] = {}  # packet id -> outbound in flight
+        # EMPTY (shared, read-only) until the first lane is made (new_cursor), with pending and runs
+        self.cursors: dict[tuple[str, str], Cursor] = EMPTY  # (lmq, broker) -> that lane's cursor
+        self.pending: dict[tuple[str, str], int] = EMPTY  # lane -> wake generation (has data to read)
+        self.inflight: dict[int, Inflight] = EMPTY  # packet id -> outbound in flight (made by alloc_pid)
         self.pubrel: set[int] | frozenset[int] = NONE  # outbound QoS 2: PUBREC received, PUBCOMP awaited
         self.qos2_in: set[int] | frozenset[int] = NONE  # inbound QoS 2: stored, PUBREL awaited
         self.next_pid = 1
@@ -120,9 +138,9 @@ class Session:
         # lmq -> runs [broker, how many offsets] of messages waiting in its lanes, oldest first:
         # the order they were stored in across brokers, so a read-back interleaves the lanes
         # the same way. Only for an LMQ with more than one lane (never in merged mode).
-        self.runs: dict[str, LaneRuns[str]] = {}
+        self.runs: dict[str, LaneRuns[str]] = EMPTY
         self.username: str | None = None  # from the last CONNECT: its identity for topic rights (acl.py)
-        self.acl_write: dict[str, bool] = {}  # topic -> may publish (cached ACL decisions)
+        self.acl_write: dict[str, bool] = EMPTY  # topic -> may publish (cached ACL decisions; acl.py)
         # Several gateways (fleet.py): the gateway that holds the session ("o" in the record; None:
         # this one, never shared), its claim epoch ("g"), the epoch it was handed over to ("h",
         # in the record a releasing gateway writes) and whether it is online at its owner.
@@ -136,8 +154,11 @@ class Session:
         return self.expiry != 0
 
     def alloc_pid(self) -> int:
+        """A free packet id for an outbound PUBLISH, which the caller puts in ``inflight``."""
         pid = self.next_pid
         inflight, pubrel = self.inflight, self.pubrel
+        if inflight is EMPTY:
+            inflight = self.inflight = {}
         for _ in range(65536):
             if pid not in inflight and pid not in pubrel:
                 break
@@ -146,6 +167,18 @@ class Session:
             raise RuntimeError("no free packet identifier")
         self.next_pid = pid + 1 if pid < 65535 else 1
         return pid
+
+    def new_cursor(self, key: tuple[str, str], cur: Cursor) -> Cursor:
+        """Add the cursor of lane ``key`` (the first one gives the session its own ``cursors``,
+        ``pending`` and ``runs``: every write to those is about a lane it has)."""
+        if self.cursors is EMPTY:
+            self.cursors = {}
+            if self.pending is EMPTY:
+                self.pending = {}
+            if self.runs is EMPTY:
+                self.runs = {}
+        self.cursors[key] = cur
+        return cur
 
     def outstanding(self) -> int:
         return len(self.inflight) + len(self.pubrel)

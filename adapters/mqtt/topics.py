@@ -127,14 +127,14 @@ class TopicTrie:
         cur = self.exact.get(flt)
         if cur is None:
             self.exact[flt] = (key, entry)
-        elif type(cur) is tuple:
+        elif isinstance(cur, tuple):
             if cur[0] == key:
                 self.exact[flt] = (key, entry)
                 return
             self.exact[flt] = {cur[0]: cur[1], key: entry}
         else:
             known = key in cur
-            cur[key] = entry  # type: ignore[index]
+            cur[key] = entry
             if known:
                 return
         self.count += 1
@@ -165,17 +165,17 @@ class TopicTrie:
         cur = self.exact.get(flt)
         if cur is None:
             return None
-        if type(cur) is tuple:
+        if isinstance(cur, tuple):
             if cur[0] != key:
                 return None
             del self.exact[flt]
             entry = cur[1]
         else:
-            entry = cur.pop(key, None)  # type: ignore[call-overload]
+            entry = cur.pop(key, None)
             if entry is None:
                 return None
             if len(cur) == 1:
-                ((k, e),) = cur.items()  # type: ignore[union-attr]
+                ((k, e),) = cur.items()
                 self.exact[flt] = (k, e)
         self.count -= 1
         return entry
@@ -183,7 +183,7 @@ class TopicTrie:
     def match(self, topic: str) -> list[Any]:
         """Every entry whose filter matches ``topic``."""
         cur = self.exact.get(topic)
-        out: list[Any] = [] if cur is None else [cur[1]] if type(cur) is tuple else list(cur.values())  # type: ignore[union-attr]
+        out: list[Any] = [] if cur is None else [cur[1]] if isinstance(cur, tuple) else list(cur.values())
         if not self.root.children:
             return out
         levels = topic.split("/")
@@ -214,10 +214,10 @@ class TopicTrie:
 
     def __iter__(self) -> Iterator[Any]:
         for cur in self.exact.values():
-            if type(cur) is tuple:
+            if isinstance(cur, tuple):
                 yield cur[1]
             else:
-                yield from cur.values()  # type: ignore[union-attr]
+                yield from cur.values()
         stack = [self.root]
         while stack:
             node = stack.pop()
