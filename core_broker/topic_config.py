@@ -25,7 +25,9 @@ PERM_RW = PERM_READ | PERM_WRITE
 ROUTE_ATTRIBUTES = ("batch", "batch.compression", "batch.linger_ms")
 
 
-@dataclass
+# slots: a broker holds one per LMQ it hosts (a fleet's device each: issue 21's memory), and a
+# per-instance dict was ~100 bytes of each
+@dataclass(slots=True)
 class TopicConfig:
     name: str
     queues: int = 8
