@@ -152,23 +152,31 @@ def test_topic_helpers() -> None:
     for bad in ("", "a#", "a/#/b", "a+", "a/b+/c", "##"):
         with pytest.raises(C.MQTTProtocolError):
             validate_filter(bad)
-    trie = TopicTrie()
+    owners = {}  # entry -> its key (the trie asks an entry's key of its owner)
+    trie = TopicTrie(owners.__getitem__)
+
+    def add(f: str, key: object, entry: str) -> None:
+        owners[entry] = key
+        trie.add(f, key, entry)
+
     filters = ["#", "+", "a/#", "a/+", "a/b", "+/b", "$SYS/#", "+/+/+", "a/+/c/#"]
     for i, f in enumerate(filters):
-        trie.add(f, i, f)
+        add(f, i, f)
     for topic in ("a", "a/b", "a/b/c", "a/x/c/d", "$SYS/x", "$SYS", "x/b", "/b", "a//c"):
         assert sorted(trie.match(topic)) == sorted(f for f in filters if filter_matches(f, topic)), topic
     trie.remove("a/+", 3)
     assert "a/+" not in trie.match("a/b")
     # filters without wildcards are kept whole: one owner, several, one replaced, removed
-    trie.add("a/b", "x", "a/b by x")
-    trie.add("a/b", "y", "a/b by y")
-    trie.add("a/b", "y", "a/b by y again")
+    add("a/b", "x", "a/b by x")
+    add("a/b", "y", "a/b by y")
+    add("a/b", "y", "a/b by y again")
     assert sorted(trie.match("a/b")) == ["#", "+/b", "a/#", "a/b", "a/b by x", "a/b by y again"]
     assert trie.remove("a/b", 4) == "a/b" and trie.remove("a/b", "x") == "a/b by x"
     assert trie.remove("a/b", "x") is None and trie.remove("c", "x") is None
     assert sorted(trie.match("a/b")) == ["#", "+/b", "a/#", "a/b by y again"]
     assert trie.count == len(list(trie)) == len(filters) - 1  # - "a/+" - "a/b" + "a/b by y"
+    add("a/b", "z", "a/b by z")  # a second owner after the first one was left alone
+    assert trie.remove("a/b", "y") == "a/b by y again" and trie.match("a/b")[0] == "a/b by z"
 
 
 # ------------------------------------------------------------------ fuzz

@@ -87,7 +87,7 @@ class Routing:
     def __init__(self, access: AccessControl, ensure_lmq: Callable[[str], Awaitable[None]]) -> None:
         self.access = access
         self.ensure_lmq = ensure_lmq  # makes an LMQ exist before anything is dispatched into it
-        self.trie = TopicTrie()
+        self.trie = TopicTrie(_key_of)
         self.groups: dict[tuple[str, str], SharedGroup] = {}
         self._cache: dict[str, tuple[list[Subscription], list[SharedGroup]]] = {}
         self.plans: dict[tuple[str, int], Plan] = {}  # (topic, qos) -> plan (see plan)
@@ -245,6 +245,13 @@ class Routing:
         if sub.group and sub.sub_id:
             ids.append(sub.sub_id)
         return ids or None
+
+
+def _key_of(entry: Subscription | SharedGroup) -> str | tuple[str, str]:
+    """A trie entry's key (see :meth:`Routing.index`): its session's client id, or its group's."""
+    if isinstance(entry, SharedGroup):
+        return ("$share", entry.group)
+    return entry.session.client_id
 
 
 def member_sub_ids(sub: Subscription) -> list[int] | None:

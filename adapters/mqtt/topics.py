@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sys
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gateway.naming import MQTT_OTHER_TOPIC, mqtt_filter_matches, unified_topic_of_mqtt
 
@@ -95,13 +95,15 @@ class _Node:
 
 
 class TopicTrie:
-    """Filters -> entries, one entry per (filter, owner key)."""
+    """Filters -> entries, one entry per (filter, owner key); ``key_of(entry)`` is its key
+    (entries are never dicts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key_of: Callable[[Any], Any]) -> None:
         self.root = _Node()
-        # a filter without wildcards -> its one entry as (key, entry), or a dict key -> entry
-        # for several (a 2-tuple is 56 bytes, a one-entry dict 184)
-        self.exact: dict[str, tuple[Any, Any] | dict[Any, Any]] = {}
+        self.key_of = key_of
+        # a filter without wildcards -> its one entry itself (a fleet device's own topic), or a
+        # dict key -> entry for several (a one-entry dict is 184 bytes, a (key, entry) tuple 56)
+        self.exact: dict[str, Any] = {}
         self.count = 0
 
     def add(self, flt: str, key: Any, entry: Any) -> None:
@@ -126,12 +128,13 @@ class TopicTrie:
     def _add_exact(self, flt: str, key: Any, entry: Any) -> None:
         cur = self.exact.get(flt)
         if cur is None:
-            self.exact[flt] = (key, entry)
-        elif isinstance(cur, tuple):
-            if cur[0] == key:
-                self.exact[flt] = (key, entry)
+            self.exact[flt] = entry
+        elif not isinstance(cur, dict):
+            k = self.key_of(cur)
+            if k == key:
+                self.exact[flt] = entry
                 return
-            self.exact[flt] = {cur[0]: cur[1], key: entry}
+            self.exact[flt] = {k: cur, key: entry}
         else:
             known = key in cur
             cur[key] = entry
@@ -165,25 +168,24 @@ class TopicTrie:
         cur = self.exact.get(flt)
         if cur is None:
             return None
-        if isinstance(cur, tuple):
-            if cur[0] != key:
+        if not isinstance(cur, dict):
+            if self.key_of(cur) != key:
                 return None
             del self.exact[flt]
-            entry = cur[1]
+            entry = cur
         else:
             entry = cur.pop(key, None)
             if entry is None:
                 return None
             if len(cur) == 1:
-                ((k, e),) = cur.items()
-                self.exact[flt] = (k, e)
+                self.exact[flt] = next(iter(cur.values()))
         self.count -= 1
         return entry
 
     def match(self, topic: str) -> list[Any]:
         """Every entry whose filter matches ``topic``."""
         cur = self.exact.get(topic)
-        out: list[Any] = [] if cur is None else [cur[1]] if isinstance(cur, tuple) else list(cur.values())
+        out: list[Any] = [] if cur is None else list(cur.values()) if isinstance(cur, dict) else [cur]
         if not self.root.children:
             return out
         levels = topic.split("/")
@@ -214,10 +216,10 @@ class TopicTrie:
 
     def __iter__(self) -> Iterator[Any]:
         for cur in self.exact.values():
-            if isinstance(cur, tuple):
-                yield cur[1]
-            else:
+            if isinstance(cur, dict):
                 yield from cur.values()
+            else:
+                yield cur
         stack = [self.root]
         while stack:
             node = stack.pop()
