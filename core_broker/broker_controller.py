@@ -10,7 +10,6 @@ blocked on.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import shutil
 import threading
@@ -93,10 +92,8 @@ class BrokerController(MessageQueries, DoorStateKv):
         self._rr: dict[tuple[str, str], int] = {}
         # Small durable state for the doors (MQTT sessions and retained messages, AMQP
         # exchanges/queues/bindings, HTTP push subscriptions): journaled + snapshotted.
-        self.kv: dict[str, dict[str, bytes]] = {}
-        # the same values as base64 text, as the journal and the snapshot hold them: kept beside
-        # (not made again for every entry every snapshot: with 100,000 MQTT sessions stored that
-        # was the broker's largest cost in a CONNECT storm)
+        # the values as base64 text, as the journal and the snapshot hold them (door_kv.py: the
+        # only copy; a read decodes)
         self.kv_text: dict[str, dict[str, str]] = {}
         self.kv_versions: dict[str, dict[str, int]] = {}  # tombstones of deleted entries too
         self._kv_last = 0
@@ -134,9 +131,8 @@ class BrokerController(MessageQueries, DoorStateKv):
         self.timers.tracker = type(self.timers.tracker).from_json(state.get("timer"))
         self.transactions.load(state.get("txn"))
         self.kv_text = {ns: dict(items) for ns, items in state.get("kv", {}).items()}
-        self.kv = {ns: {k: base64.b64decode(v) for k, v in items.items()} for ns, items in self.kv_text.items()}
         # snapshots before versions: every entry is at version 0 (older than any versioned write)
-        self.kv_versions = state.get("kvv") or {ns: {k: 0 for k in items} for ns, items in self.kv.items()}
+        self.kv_versions = state.get("kvv") or {ns: {k: 0 for k in items} for ns, items in self.kv_text.items()}
         self._kv_last = max((v for items in self.kv_versions.values() for v in items.values()), default=0)
         replayed = 0
         start = int(state.get("journal", 0))
@@ -151,7 +147,7 @@ class BrokerController(MessageQueries, DoorStateKv):
             if op == "kvs":  # kv_put_many: several writes of one namespace in one record
                 n = data["n"]
                 for k, v, ver in data["e"]:
-                    self._apply_kv_raw(n, k, None if v is None else base64.b64decode(v), v, ver)
+                    self._apply_kv_raw(n, k, v, ver)
                 continue
             if op == "topic":  # topic configs follow the journal (a promoted replica has them)
                 self.store.topics.put(TopicConfig(**data))

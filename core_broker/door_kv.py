@@ -13,6 +13,7 @@ entries and one wait for durability (an MQTT CONNECT storm writes its sessions t
 from __future__ import annotations
 
 import base64
+import binascii
 import time
 
 from .config import BrokerConfig
@@ -42,7 +43,10 @@ class DoorStateKv:
     journal: Journal
     store: MessageStore
     door_feed: DoorFeed
-    kv: dict[str, dict[str, bytes]]
+    # namespace -> key -> value as base64 text, the only copy in memory: the journal and the
+    # snapshot hold that text (not made again per entry per snapshot: with 100,000 MQTT sessions
+    # that was a broker's largest cost in a CONNECT storm), and a read decodes it (a fleet's
+    # brokers hold a session record per device: the bytes beside the text were ~190 more each)
     kv_text: dict[str, dict[str, str]]
     kv_versions: dict[str, dict[str, int]]
     _kv_last: int
@@ -59,7 +63,7 @@ class DoorStateKv:
         horizon = int(now_ms - self.config.kv_tombstone_ttl_s * 1000) << 20
         gone = 0
         for ns, vers in self.kv_versions.items():
-            live = self.kv.get(ns, {})
+            live = self.kv_text.get(ns, {})
             dead = [k for k, v in vers.items() if v < horizon and k not in live]
             for k in dead:
                 del vers[k]
@@ -68,11 +72,11 @@ class DoorStateKv:
 
     def _apply_kv(self, d: dict, writer: str = "") -> bool:
         v = d["v"]
-        return self._apply_kv_raw(d["n"], d["k"], None if v is None else base64.b64decode(v), v, d.get("ver"), writer)
+        return self._apply_kv_raw(d["n"], d["k"], v, d.get("ver"), writer)
 
-    def _apply_kv_raw(self, namespace: str, key: str, value: bytes | None, text: str | None, ver: int | None,
+    def _apply_kv_raw(self, namespace: str, key: str, text: str | None, ver: int | None,
                       writer: str = "") -> bool:
-        """One door-state write in memory (``text``: ``value`` in base64; ``ver`` None: an entry
+        """One door-state write in memory (``text``: the value in base64, None: deleted; ``ver`` None: an entry
         of an older journal, which always applies); False when the entry already holds a version
         at least as new."""
         vers = self.kv_versions.setdefault(namespace, {})
@@ -83,13 +87,10 @@ class DoorStateKv:
         vers[key] = ver
         if ver > self._kv_last:
             self._kv_last = ver
-        ns = self.kv.setdefault(namespace, {})
         texts = self.kv_text.setdefault(namespace, {})
-        if value is None or text is None:
-            ns.pop(key, None)
+        if text is None:
             texts.pop(key, None)
         else:
-            ns[key] = value
             texts[key] = text
         self.door_feed.kv_changed(namespace, key, writer)
         return True
@@ -136,7 +137,7 @@ class DoorStateKv:
         texts = [None if v is None else base64.b64encode(v).decode() for _, v, _ in fresh]
         last = self.journal.append_kvs(namespace, [(k, t, ver) for (k, _, ver), t in zip(fresh, texts)])
         for (key, value, version), text in zip(fresh, texts):
-            self._apply_kv_raw(namespace, key, value, text, version, writer)
+            self._apply_kv_raw(namespace, key, text, version, writer)
         if last is not None:
             await self.store.wait_durable(last)
 
@@ -163,22 +164,27 @@ class DoorStateKv:
         return refused
 
     def kv_get(self, namespace: str, key: str) -> bytes | None:
-        return self.kv.get(namespace, {}).get(key)
+        return _value(self.kv_text.get(namespace, {}).get(key))
 
     def kv_get_many_versioned(self, namespace: str, keys: list[str]) -> list[tuple[int, bytes | None]]:
         """``kv_get_versioned`` of each of ``keys``, in their order."""
         vers = self.kv_versions.get(namespace, {})
-        vals = self.kv.get(namespace, {})
-        return [(vers.get(k, -1), vals.get(k)) for k in keys]
+        vals = self.kv_text.get(namespace, {})
+        return [(vers.get(k, -1), _value(vals.get(k))) for k in keys]
 
     def kv_get_versioned(self, namespace: str, key: str) -> tuple[int, bytes | None]:
         """(version, value): -1 for an entry never written, value None for a deleted one."""
-        return self.kv_versions.get(namespace, {}).get(key, -1), self.kv.get(namespace, {}).get(key)
+        return self.kv_versions.get(namespace, {}).get(key, -1), _value(self.kv_text.get(namespace, {}).get(key))
 
     def kv_items(self, namespace: str) -> dict[str, bytes]:
-        return dict(self.kv.get(namespace, {}))
+        return {k: binascii.a2b_base64(t) for k, t in self.kv_text.get(namespace, {}).items()}
 
     def kv_items_versioned(self, namespace: str) -> dict[str, tuple[int, bytes | None]]:
         """Every entry of ``namespace`` with its version, deleted ones (tombstones) included."""
-        vals = self.kv.get(namespace, {})
-        return {k: (v, vals.get(k)) for k, v in self.kv_versions.get(namespace, {}).items()}
+        vals = self.kv_text.get(namespace, {})
+        return {k: (v, _value(vals.get(k))) for k, v in self.kv_versions.get(namespace, {}).items()}
+
+
+def _value(text: str | None) -> bytes | None:
+    """An entry's value from its base64 text (None: none)."""
+    return None if text is None else binascii.a2b_base64(text)
