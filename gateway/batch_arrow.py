@@ -6,7 +6,9 @@ message: the batch body's columns are Arrow binary buffers already
 (``gateway/batch_codec.py``), so bodies, client ids and keys are wrapped without a
 copy and sliced to the offsets asked for, timestamps are a numpy view, and server
 ids are hex-formatted with numpy. Only a batch whose messages carry properties has
-them decoded per message (a map column has no cheaper source).
+them decoded per message (a map column has no cheaper source). A page of plain records
+(no keys, properties or client ids: a batch topic's usual page) is built column by
+column for the whole page rather than record by record.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from core_broker.system_topics import public_properties
 from .arrow_schema import ARROW_SCHEMA, CE_COLUMNS, MQTT_TOPIC_KEY, STR_LIST, STR_MAP, timestamps
 from .batch_codec import Unpacked
 
-__all__ = ["batch_rows", "page_rows"]
+__all__ = ["page_rows", "record_rows"]
 
 #: Each byte value's two upper-case hex digits, as the uint16 whose memory holds them in order.
 _HEX_PAIRS = np.frombuffer(b"".join(b"%02X" % i for i in range(256)), dtype=np.uint16)
@@ -36,16 +38,21 @@ def _column(u: Unpacked, col: int, typ: pa.DataType) -> pa.Array:
 
 
 def _server_ids(prefix: str, first_phys: int, a: int, b: int) -> pa.Array:
-    """The store's ids of messages a..b of a batch: ``prefix`` + the 16 hex digits of the
-    record's commitlog offset + the index (one table lookup per byte, no per-digit shifts)."""
-    n = b - a
-    be = np.arange(first_phys + a, first_phys + b, dtype=">u8").view(np.uint8).reshape(n, 8)
+    """The store's ids of messages a..b of a batch (see :func:`_hex_ids`)."""
+    return _hex_ids(prefix, np.arange(first_phys + a, first_phys + b, dtype=np.int64))
+
+
+def _hex_ids(prefix: str, phys: np.ndarray) -> pa.Array:
+    """Server ids: ``prefix`` + the 16 hex digits of each message's position (its record's
+    commitlog offset + its index), one table lookup per byte, no per-digit shifts."""
+    n = len(phys)
+    be = phys.astype(">u8").view(np.uint8).reshape(n, 8)
     digits = _HEX_PAIRS[be].view(np.uint8)  # n x 16 ASCII digits, most significant first
     pre = np.frombuffer(prefix.encode(), dtype=np.uint8)
     w = len(pre) + 16
     chars = np.empty((n, w), dtype=np.uint8)
     chars[:, :len(pre)] = pre
-    chars[:, len(pre):] = digits
+    chars[:, len(pre):] = digits.reshape(n, 16)
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(0, (n + 1) * w, w, dtype=np.int32)),
                                                   pa.py_buffer(chars)])
 
@@ -89,11 +96,10 @@ def _empty_maps(n: int) -> pa.Array:
         type=STR_MAP))
 
 
-def batch_rows(topic: str, queue_id: int, first: int, rec: StoredMessage, lo: int, hi: int) -> pa.RecordBatch:
-    """Rows for queue offsets [lo, hi) of the batch record ``rec`` whose first offset is ``first``."""
-    u = Unpacked(rec.body)
-    a, b = lo - first, hi - first
-    n = b - a
+def record_rows(topic: str, queue_id: int, first: int, rec: StoredMessage, u: Unpacked, a: int, b: int
+                ) -> pa.RecordBatch:
+    """Rows a..b of the batch record ``rec`` (unpacked as ``u``) whose first offset is ``first``."""
+    lo, hi, n = first + a, first + b, b - a
     mids = _column(u, 3, pa.string()).slice(a, n)
     if offs_of(u, 3, b) == offs_of(u, 3, a):  # no client ids: the store's, generated
         mids = _server_ids(rec.message_id[:18], rec.commitlog_offset, a, b)
@@ -138,19 +144,82 @@ def batch_rows(topic: str, queue_id: int, first: int, rec: StoredMessage, lo: in
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
+def _plain(rec: StoredMessage, u: Unpacked, a: int, b: int) -> bool:
+    """Rows a..b of the record have no keys, properties or ids of their own, and the record no
+    public properties: their columns are the body, the born time and generated ids only."""
+    return (offs_of(u, 1, a) == offs_of(u, 1, b) and offs_of(u, 2, a) == offs_of(u, 2, b)
+            and offs_of(u, 3, a) == offs_of(u, 3, b)
+            and not public_properties({k: v for k, v in rec.properties.items() if not k.startswith("__batch_")}))
+
+
+def _plain_page(topic: str, queue_id: int, offset: int, spans: Sequence[tuple[StoredMessage, Unpacked, int, int]]
+                ) -> pa.RecordBatch:
+    """One batch for plain rows (:func:`_plain`) of several records of one tag, protocol and id
+    prefix, each column built once for the page: the bodies' offsets and bytes joined with one
+    numpy concatenation and one ``bytes.join``, server ids and store times from per-record
+    arrays expanded by numpy. A per-record batch then a concatenation cost ~20 Arrow calls per
+    record plus a copy of the page (half the page's CPU: bench/RESULTS.md, issue 18, spark2)."""
+    counts = np.fromiter((b - a for _, _, a, b in spans), dtype=np.int64, count=len(spans))
+    n = int(counts.sum())
+    starts = np.zeros(len(spans), dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    first = spans[0][0]
+    body_offs, chunks, born = [], [], []
+    base = 0
+    for _rec, u, a, b in spans:
+        offs, data, _ = u.columns[0]
+        o = np.frombuffer(offs, dtype=np.int32)[a:b + 1]
+        lo = int(o[0])
+        body_offs.append(o[:-1] - (lo - base))
+        base += int(o[-1]) - lo
+        chunks.append(data[lo:int(o[-1])])
+        born.append(np.frombuffer(u.born, dtype=np.int64)[a:b])
+    body_offs.append(np.array([base], dtype=np.int32))
+    body = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(np.concatenate(body_offs)),
+                                                  pa.py_buffer(b"".join(chunks))])
+    phys = np.fromiter((rec.commitlog_offset + a for rec, _, a, _ in spans), dtype=np.int64, count=len(spans))
+    phys = np.repeat(phys - starts, counts) + np.arange(n, dtype=np.int64)
+    store = np.repeat(np.fromiter((rec.store_timestamp_ms for rec, _, _, _ in spans), dtype=np.int64,
+                                  count=len(spans)), counts)
+    nulls = _same(None, n)
+    arrays = [
+        _same(topic, n),
+        _constant("int32", queue_id, n, lambda: pa.array(np.full(n, queue_id, dtype=np.int32))),
+        pa.array(np.arange(offset, offset + n, dtype=np.int64)),
+        _hex_ids(first.message_id[:18], phys),
+        _empty_lists(n),
+        _same(first.tag, n),
+        nulls,
+        body,
+        _empty_maps(n),
+        _same(first.protocol, n),
+        timestamps(np.concatenate(born)),
+        timestamps(store),
+        *[nulls] * (1 + len(CE_COLUMNS)),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
 def page_rows(topic: str, queue_id: int, offset: int, max_count: int,
               records: Sequence[tuple[int, int, StoredMessage]]) -> tuple[list[pa.RecordBatch], int]:
     """A page of up to ``max_count`` rows from ``offset`` as one batch, and the offset after it.
 
     ``records``: (first offset, message count, record) of the batch records covering the page.
-    Their rows are concatenated into one batch (a copy of the page in C) because every batch
-    costs each later stage a fixed price: Spark's Python worker writes it buffer by buffer to
-    the JVM and the JVM loads and iterates it as a batch of its own. Pages of sixteen
-    1,000-message batches instead of one 16,384-row batch measured 0.7 s more JVM CPU and 0.2 s
-    more worker CPU per 1,000,000 rows (bench/RESULTS.md, issue 18, branch sparkbatch)."""
-    end, rows = offset, []
+    One batch, because every batch costs each later stage a fixed price: Spark's Python worker
+    writes it buffer by buffer to the JVM and the JVM loads and iterates it as a batch of its
+    own. Pages of sixteen 1,000-message batches instead of one 16,384-row batch measured 0.7 s
+    more JVM CPU and 0.2 s more worker CPU per 1,000,000 rows (bench/RESULTS.md, issue 18,
+    branch sparkbatch). Records of plain rows sharing tag, protocol and id prefix (a batch
+    topic's usual page) are built column by column for the whole page (:func:`_plain_page`);
+    any other page record by record, then concatenated (a copy of the page in C)."""
+    end, spans = offset, []
     for first, n, rec in records:
         hi = min(first + n, offset + max_count)
-        rows.append(batch_rows(topic, queue_id, first, rec, max(first, end), hi))
+        spans.append((first, rec, Unpacked(rec.body), max(first, end) - first, hi - first))
         end = hi
+    head = spans[0][1]
+    if all(rec.tag == head.tag and rec.protocol == head.protocol and rec.message_id[:18] == head.message_id[:18]
+           and _plain(rec, u, a, b) for _, rec, u, a, b in spans):
+        return [_plain_page(topic, queue_id, offset, [span[1:] for span in spans])], end
+    rows = [record_rows(topic, queue_id, *span) for span in spans]
     return ([pa.concat_batches(rows)] if len(rows) > 1 else rows), end

@@ -268,28 +268,37 @@ def test_batch_topics_refuse_what_they_cannot_do_with_clear_errors(unimq_server,
 
 
 def test_arrow_pages_of_a_batch_topic_are_built_per_batch(unimq_server, tmp_path) -> None:
-    """What the Spark source reads: Arrow pages of a batch topic, from any offset, equal to a pull."""
+    """What the Spark source reads: Arrow pages of a batch topic, from any offset, equal to a pull,
+    whether a page spans plain records (built column by column for the page) or not."""
     pa = pytest.importorskip("pyarrow")
     server = start_server(unimq_server, tmp_path)
     with httpx.Client(base_url=server.url(), timeout=30) as c:
         create(c, "bw", **{"batch.compression": "zstd"})
         send_batch(c, "bw", [b"w%d" % i for i in range(300)])
+        for k in range(3):  # short plain records: the pages from 256 on span several of them
+            send_batch(c, "bw", [b"u%d-%d" % (k, i) * (i % 3) for i in range(10 + k)])
         send_batch(c, "bw", [b"v%d" % i for i in range(5)], keys=["a", "b"], properties={"mqtt_topic": "bw/x"})
+        total = 300 + 33 + 5
         want = pull_all(c, "bw")
-        rows: list[dict] = []
-        off = 0
-        while off < 305:
-            r = c.get("/v1/topics/bw/queues/0/messages", params={"offset": off, "max": 64, "format": "arrow"})
-            assert r.status_code == 200, r.text
-            batches = list(pa.ipc.open_stream(r.content))
-            assert len(batches) == 1, "a page is one batch, whatever records it spans (Spark pays per batch)"
-            t = pa.Table.from_batches(batches)
-            rows += t.to_pylist()
-            off = int(r.headers["unimq-next-offset"]) if "unimq-next-offset" in r.headers else off + t.num_rows
-        assert [x["queue_offset"] for x in rows] == list(range(305))
-        assert [x["body"] for x in rows] == bodies_of(want)
-        assert [x["message_id"] for x in rows] == [m["message_id"] for m in want]
-        assert rows[301]["keys"] == ["a", "b"] and rows[301]["mqtt_topic"] == "bw/x" and rows[0]["keys"] == []
+        for step in (64, 17):
+            rows: list[dict] = []
+            off = 0
+            while off < total:
+                r = c.get("/v1/topics/bw/queues/0/messages", params={"offset": off, "max": step, "format": "arrow"})
+                assert r.status_code == 200, r.text
+                batches = list(pa.ipc.open_stream(r.content))
+                assert len(batches) == 1, "a page is one batch, whatever records it spans (Spark pays per batch)"
+                batches[0].validate(full=True)
+                t = pa.Table.from_batches(batches)
+                rows += t.to_pylist()
+                off = int(r.headers["unimq-next-offset"]) if "unimq-next-offset" in r.headers else off + t.num_rows
+            assert [x["queue_offset"] for x in rows] == list(range(total))
+            assert [x["body"] for x in rows] == bodies_of(want)
+            assert [x["message_id"] for x in rows] == [m["message_id"] for m in want]
+            assert [int(x["born_timestamp"].timestamp() * 1000) for x in rows] == [m["born_timestamp"] for m in want]
+            assert [int(x["store_timestamp"].timestamp() * 1000) for x in rows] == [m["store_timestamp"] for m in want]
+            assert rows[-4]["keys"] == ["a", "b"] and rows[-4]["mqtt_topic"] == "bw/x" and rows[0]["keys"] == []
+            assert {x["protocol"] for x in rows} == {want[0]["protocol"]} and rows[0]["properties"] == []
 
 
 def test_a_batch_packed_by_its_producer_is_stored_as_it_came(unimq_server, tmp_path) -> None:
