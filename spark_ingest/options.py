@@ -21,7 +21,7 @@ MAX_JSON_PAGE = 4096
 SOURCE_KEYS = {
     "endpoint", "topics", "topic", "topicpattern", "startingoffsets", "endingoffsets", "maxmessagespertrigger",
     "maxmessagesperpartition", "pagesize", "pageformat", "failondataloss", "requesttimeoutms", "retries", "path",
-    "compacted",
+    "compacted", "maxpartitions",
 }
 SINK_KEYS = {"endpoint", "topic", "requesttimeoutms", "retries", "batchsize", "path", "checkpointlocation", "queryname"}
 
@@ -80,6 +80,9 @@ class SourceOptions:
     ending_offsets: str = "latest"
     max_messages_per_trigger: int | None = None
     max_messages_per_partition: int = 250_000
+    # At most this many tasks per read or micro-batch (queue ranges packed together); None: one
+    # task per range. Default: the session's task slots when registered by ``source.register``.
+    max_partitions: int | None = None
     page_size: int = MAX_PAGE
     page_format: str = "arrow"
     fail_on_data_loss: bool = True
@@ -91,7 +94,8 @@ class SourceOptions:
     compacted: str | None = None
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
+    def parse(cls, options: Mapping[str, str], default_max_partitions: int | None = None) -> "SourceOptions":
+        """``default_max_partitions``: ``maxPartitions`` when the options do not name it."""
         o = {str(k).lower(): v for k, v in options.items()}
         _unknown(o, SOURCE_KEYS, "source")
         compacted = str(o["compacted"]).strip().lower() if o.get("compacted") else None
@@ -125,6 +129,7 @@ class SourceOptions:
             ending_offsets=ending,
             max_messages_per_trigger=_int("maxMessagesPerTrigger", o.get("maxmessagespertrigger"), None),
             max_messages_per_partition=_int("maxMessagesPerPartition", o.get("maxmessagesperpartition"), 250_000),  # type: ignore[arg-type]
+            max_partitions=_int("maxPartitions", o.get("maxpartitions"), default_max_partitions, minimum=0) or None,
             page_size=_int("pageSize", o.get("pagesize"), MAX_PAGE, maximum=MAX_PAGE),  # type: ignore[arg-type]
             page_format=fmt,
             fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss"), True),

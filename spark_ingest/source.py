@@ -3,9 +3,11 @@
 Design (README "Spark"; the measured facts behind it are in the connector notes):
 
 - Partitions are message queues, split when a range is larger than
-  ``maxMessagesPerPartition``; each is read by offset range through the HTTP
-  door's pull endpoint (never the store's files), page by page, as Arrow record
-  batches built by the server in the exact table schema. A replayed range
+  ``maxMessagesPerPartition`` and packed a few to a task when there are more ranges
+  than ``maxPartitions`` (by default the session's task slots: each task costs a
+  fixed price, and tasks beyond the slots run in a second wave); each range is read
+  by offset range through the HTTP door's pull endpoint (never the store's files),
+  page by page, as Arrow record batches built by the server in the exact table schema. A replayed range
   returns the same rows, so Spark's checkpoint (offsets WAL + commit log) with
   a file sink gives exactly-once output; ``read()`` checks every page for
   contiguous offsets so a gap is a loud :class:`DataLossError`, never silence.
@@ -68,6 +70,35 @@ class UnimqPartition(InputPartition):
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, UnimqPartition) and vars(self) == vars(other)
+
+
+class UnimqPartitionGroup(InputPartition):
+    """One task reading several ranges one after the other (``maxPartitions``)."""
+
+    def __init__(self, parts: tuple[UnimqPartition, ...]) -> None:
+        self.parts = parts
+
+    def __repr__(self) -> str:
+        return f"UnimqPartitionGroup({', '.join(map(repr, self.parts))})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnimqPartitionGroup) and self.parts == other.parts
+
+
+AnyPartition = UnimqPartition | UnimqPartitionGroup
+
+
+def planned(ranges: list[off.QueueRange], max_partitions: int | None) -> list[AnyPartition]:
+    """Spark's partitions for these ranges: one per range, or packed into ``max_partitions``."""
+    out: list[AnyPartition] = []
+    for group in off.pack(ranges, max_partitions):
+        parts = tuple(UnimqPartition(r.topic, r.queue_id, r.start, r.end) for r in group)
+        out.append(parts[0] if len(parts) == 1 else UnimqPartitionGroup(parts))
+    return out
+
+
+def ranges_of(partition: AnyPartition) -> tuple[UnimqPartition, ...]:
+    return partition.parts if isinstance(partition, UnimqPartitionGroup) else (partition,)
 
 
 def current_bounds(client: GatewayClient, opts: SourceOptions, strict: bool) -> off.Bounds:
@@ -197,11 +228,12 @@ def read_range(opts: SourceOptions, p: UnimqPartition, columns: Sequence[str] | 
 
 
 class UnimqBatchReader(DataSourceReader):
-    def __init__(self, options: dict, columns: tuple[str, ...] | None = None) -> None:
-        self.opts = SourceOptions.parse(options)
+    def __init__(self, options: dict, columns: tuple[str, ...] | None = None,
+                 default_max_partitions: int | None = None) -> None:
+        self.opts = SourceOptions.parse(options, default_max_partitions)
         self.columns = columns
 
-    def plan(self) -> list[UnimqPartition]:
+    def plan(self) -> list[AnyPartition]:
         with GatewayClient(self.opts.endpoint, self.opts.request_timeout_s, self.opts.retries) as client:
             bounds = current_bounds(client, self.opts, strict=True)
         start = off.resolve(self.opts.starting_offsets, bounds, "startingOffsets", default_latest=False)
@@ -217,16 +249,17 @@ class UnimqBatchReader(DataSourceReader):
         # compacted=latest: one task per queue (a key's rows are all in its queue)
         whole = self.opts.compacted == "latest"
         ranges = off.plan(start, end, 2**62 if whole else self.opts.max_messages_per_partition)
-        return [UnimqPartition(r.topic, r.queue_id, r.start, r.end) for r in ranges]
+        return planned(ranges, self.opts.max_partitions)
 
-    def partitions(self) -> list[UnimqPartition]:
+    def partitions(self) -> list[AnyPartition]:
         return self.plan()
 
-    def read(self, partition: UnimqPartition) -> Iterator[pa.RecordBatch]:
-        if self.opts.compacted == "latest":
-            yield from latest_per_key(read_range(self.opts, partition), self.columns)
-            return
-        yield from read_range(self.opts, partition, self.columns)
+    def read(self, partition: AnyPartition) -> Iterator[pa.RecordBatch]:
+        for p in ranges_of(partition):
+            if self.opts.compacted == "latest":
+                yield from latest_per_key(read_range(self.opts, p), self.columns)
+            else:
+                yield from read_range(self.opts, p, self.columns)
 
 
 def latest_per_key(batches: Iterator[pa.RecordBatch], columns: Sequence[str] | None) -> Iterator[pa.RecordBatch]:
@@ -247,8 +280,9 @@ def latest_per_key(batches: Iterator[pa.RecordBatch], columns: Sequence[str] | N
 
 
 class UnimqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: dict, columns: tuple[str, ...] | None = None) -> None:
-        self.opts = SourceOptions.parse(options)
+    def __init__(self, options: dict, columns: tuple[str, ...] | None = None,
+                 default_max_partitions: int | None = None) -> None:
+        self.opts = SourceOptions.parse(options, default_max_partitions)
         if self.opts.compacted == "latest":
             raise OptionError("option compacted=latest is for batch reads (spark.read); a stream reads compacted=all")
         self.columns = columns
@@ -312,12 +346,12 @@ class UnimqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         return self._latest
 
-    def partitions(self, start: dict, end: dict) -> list[UnimqPartition]:
-        ranges = off.plan(start, end, self.opts.max_messages_per_partition)
-        return [UnimqPartition(r.topic, r.queue_id, r.start, r.end) for r in ranges]
+    def partitions(self, start: dict, end: dict) -> list[AnyPartition]:
+        return planned(off.plan(start, end, self.opts.max_messages_per_partition), self.opts.max_partitions)
 
-    def read(self, partition: UnimqPartition) -> Iterator[pa.RecordBatch]:
-        yield from read_range(self.opts, partition, self.columns)
+    def read(self, partition: AnyPartition) -> Iterator[pa.RecordBatch]:
+        for p in ranges_of(partition):
+            yield from read_range(self.opts, p, self.columns)
 
     def commit(self, end: dict) -> None:
         # Deliberately nothing (see the module docstring): Spark's checkpoint is the truth.
@@ -435,6 +469,9 @@ class UnimqStreamWriter(DataSourceStreamWriter):
 class UnimqDataSource(DataSource):
     """``spark.read.format("unimq")`` / ``readStream`` / ``write`` / ``writeStream``."""
 
+    #: ``maxPartitions`` when a read does not set it (see :func:`register`).
+    default_max_partitions: int | None = None
+
     @classmethod
     def name(cls) -> str:
         return "unimq"
@@ -443,10 +480,10 @@ class UnimqDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: Any) -> UnimqBatchReader:
-        return UnimqBatchReader(dict(self.options), _projection(schema))
+        return UnimqBatchReader(dict(self.options), _projection(schema), self.default_max_partitions)
 
     def streamReader(self, schema: Any) -> UnimqStreamReader:
-        return UnimqStreamReader(dict(self.options), _projection(schema))
+        return UnimqStreamReader(dict(self.options), _projection(schema), self.default_max_partitions)
 
     def writer(self, schema: Any, overwrite: bool) -> UnimqWriter:
         return UnimqWriter(dict(self.options))
@@ -455,6 +492,22 @@ class UnimqDataSource(DataSource):
         return UnimqStreamWriter(dict(self.options))
 
 
-def register(spark: Any) -> None:
-    """Register the source on a session (registration is per session, not per JVM)."""
-    spark.dataSource.register(UnimqDataSource)
+def session_source(task_slots: int | None) -> type[UnimqDataSource]:
+    """The source with ``maxPartitions`` defaulting to ``task_slots``.
+
+    Spark plans a Python data source's partitions in a Python process of its own that cannot
+    see the session, so the session's slots travel with the registered class: a class made
+    here is pickled by value (cloudpickle), class attribute included."""
+
+    class UnimqSessionSource(UnimqDataSource):
+        default_max_partitions = task_slots
+
+    return UnimqSessionSource
+
+
+def register(spark: Any, max_partitions: int | None = None) -> None:
+    """Register the source on a session (registration is per session, not per JVM); reads pack
+    their queue ranges into at most ``max_partitions`` tasks unless they set ``maxPartitions``
+    (default: the session's ``defaultParallelism``, its task slots in local mode)."""
+    slots = max_partitions if max_partitions is not None else spark.sparkContext.defaultParallelism
+    spark.dataSource.register(session_source(slots or None))

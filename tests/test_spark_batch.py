@@ -66,3 +66,12 @@ def test_spark_writes_and_reads_a_batch_topic(unimq_server) -> None:
     for q in {r["queue_id"] for r in got}:
         offs = sorted(r["queue_offset"] for r in got if r["queue_id"] == q)
         assert offs == list(range(len(offs)))
+    # ranges of 1,000 (5 or more) packed into the session's 2 task slots (the default travels to
+    # Spark's planner process with the registered class), or into 1 task when the read says so
+    ranged = spark.read.format("unimq").option("endpoint", server.url()).option("topics", "sk") \
+        .option("maxMessagesPerPartition", "1000")
+    for df, tasks in ((ranged.load(), 2), (ranged.option("maxPartitions", "1").load(), 1),
+                      (ranged.option("maxPartitions", "0").load(), 6)):
+        assert df.rdd.getNumPartitions() == tasks
+        rows = df.select("queue_id", "queue_offset").collect()
+        assert sorted((r[0], r[1]) for r in rows) == sorted((r["queue_id"], r["queue_offset"]) for r in got)

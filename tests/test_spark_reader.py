@@ -37,6 +37,7 @@ from spark_ingest.source import (  # noqa: E402
     DataLossError,
     UnimqBatchReader,
     UnimqPartition,
+    UnimqPartitionGroup,
     UnimqStreamReader,
     publish_rows,
     read_range,
@@ -256,6 +257,39 @@ def test_new_topic_enters_at_earliest_then_is_read(server, http):
 def test_plan_splits_large_ranges():
     ranges = off.plan({"t": {"0": 10, "1": 5, "2": 0}}, {"t": {"0": 35, "1": 5, "2": 4}}, 10)
     assert [(r.queue_id, r.start, r.end) for r in ranges] == [(0, 10, 20), (0, 20, 30), (0, 30, 35), (2, 0, 4)]
+
+
+def test_pack_spreads_ranges_over_at_most_the_tasks_given():
+    ranges = off.plan({"t": {"0": 0, "1": 0, "2": 0, "3": 0}}, {"t": {"0": 250, "1": 250, "2": 100, "3": 400}}, 1000)
+    assert off.pack(ranges, None) == off.pack(ranges, 4) == [(r,) for r in ranges]
+    two = off.pack(ranges, 2)
+    assert sorted((r for g in two for r in g), key=ranges.index) == ranges and len(two) == 2
+    assert sorted(sum(r.end - r.start for r in g) for g in two) == [500, 500]  # balanced by messages
+    assert all(list(g) == sorted(g, key=ranges.index) for g in two)  # read in plan order
+    assert off.pack(ranges, 1) == [tuple(ranges)] and off.pack(ranges, 2) == two  # deterministic
+
+
+def test_max_partitions_packs_tasks_with_the_same_rows(server, loaded):
+    by_range = UnimqBatchReader(opts(server, maxMessagesPerPartition=30))
+    parts = by_range.partitions()
+    assert len(parts) > 4
+    packed = UnimqBatchReader(opts(server, maxMessagesPerPartition=30, maxPartitions=3))
+    groups = packed.partitions()
+    assert len(groups) == 3 and all(isinstance(g, UnimqPartitionGroup) for g in groups)
+    assert sorted((p.queue_id, p.start) for g in groups for p in g.parts) == sorted((p.queue_id, p.start) for p in parts)
+    key = [("queue_id", "ascending"), ("queue_offset", "ascending")]
+    assert read_all(packed, groups).sort_by(key).equals(read_all(by_range, parts).sort_by(key))
+    assert cloudpickle.loads(cloudpickle.dumps(groups)) == groups
+    # the session's default (source.register) gives way to the option, and 0 turns packing off
+    assert len(UnimqBatchReader(opts(server, maxMessagesPerPartition=30), None, 2).partitions()) == 2
+    assert UnimqBatchReader(opts(server, maxMessagesPerPartition=30, maxPartitions=0), None, 2).partitions() == parts
+    # a micro-batch plans the same way from its offsets alone (a replay gets the same tasks)
+    s = UnimqStreamReader(opts(server, maxPartitions=2))
+    start = s.initialOffset()
+    end = s.latestOffset(start, ReadAllAvailable())
+    s_parts = s.partitions(start, end)
+    assert len(s_parts) == 2 and s_parts == s.partitions(start, end)
+    assert read_all(s, s_parts).num_rows == N_PLAIN + N_EVENTS
 
 
 def test_batch_reader_partitions_and_exact_rows(server, loaded):
