@@ -28,6 +28,11 @@ from .batch_codec import Unpacked
 
 __all__ = ["page_rows", "record_rows"]
 
+#: A page ends after the record that would take it past this many bytes of batch bodies (as
+#: the store's raw reads stop at 32 MiB of commitlog): pages of up to 65,536 rows of large
+#: messages would otherwise be hundreds of megabytes in memory at once.
+MAX_PAGE_BYTES = 32 << 20
+
 #: Each byte value's two upper-case hex digits, as the uint16 whose memory holds them in order.
 _HEX_PAIRS = np.frombuffer(b"".join(b"%02X" % i for i in range(256)), dtype=np.uint16)
 
@@ -201,7 +206,8 @@ def _plain_page(topic: str, queue_id: int, offset: int, spans: Sequence[tuple[St
 
 
 def page_rows(topic: str, queue_id: int, offset: int, max_count: int,
-              records: Sequence[tuple[int, int, StoredMessage]]) -> tuple[list[pa.RecordBatch], int]:
+              records: Sequence[tuple[int, int, StoredMessage]], max_bytes: int = MAX_PAGE_BYTES
+              ) -> tuple[list[pa.RecordBatch], int]:
     """A page of up to ``max_count`` rows from ``offset`` as one batch, and the offset after it.
 
     ``records``: (first offset, message count, record) of the batch records covering the page.
@@ -211,9 +217,13 @@ def page_rows(topic: str, queue_id: int, offset: int, max_count: int,
     more JVM CPU and 0.2 s more worker CPU per 1,000,000 rows (bench/RESULTS.md, issue 18,
     branch sparkbatch). Records of plain rows sharing tag, protocol and id prefix (a batch
     topic's usual page) are built column by column for the whole page (:func:`_plain_page`);
-    any other page record by record, then concatenated (a copy of the page in C)."""
-    end, spans = offset, []
+    any other page record by record, then concatenated (a copy of the page in C). The page
+    stops early after ``max_bytes`` of records (the reader asks again from ``end``)."""
+    end, spans, size = offset, [], 0
     for first, n, rec in records:
+        if spans and size + len(rec.body) > max_bytes:
+            break
+        size += len(rec.body)
         hi = min(first + n, offset + max_count)
         spans.append((first, rec, Unpacked(rec.body), max(first, end) - first, hi - first))
         end = hi

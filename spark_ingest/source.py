@@ -50,7 +50,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from . import offsets as off
 from . import wire
 from .client import GatewayClient, GatewayError
-from .options import MAX_JSON_PAGE, OptionError, SinkOptions, SourceOptions
+from .options import MAX_JSON_PAGE, OLD_MAX_PAGE, OptionError, SinkOptions, SourceOptions
 from .schema import SCHEMA_DDL, spark_schema
 
 DataLossError = off.DataLossError
@@ -144,6 +144,9 @@ def _fetch(client: GatewayClient, state: dict, topic: str, queue_id: int, offset
         except GatewayError as e:
             if e.status not in (406, 422):
                 raise
+            if e.status == 422 and want > OLD_MAX_PAGE:  # a door from before 65,536-row pages
+                state["page"] = OLD_MAX_PAGE
+                return _fetch(client, state, topic, queue_id, offset, OLD_MAX_PAGE)
             state["arrow"] = False  # a door without Arrow pages (or without pyarrow): JSON pages
         else:
             return [b for b in batches if b.num_rows], lo, hi
@@ -161,14 +164,14 @@ def read_range(opts: SourceOptions, p: UnimqPartition, columns: Sequence[str] | 
     from concurrent.futures import Future, ThreadPoolExecutor
 
     client = GatewayClient(opts.endpoint, opts.request_timeout_s, opts.retries)
-    state = {"arrow": opts.page_format == "arrow"}
+    state = {"arrow": opts.page_format == "arrow", "page": opts.page_size}
     pool = ThreadPoolExecutor(1, thread_name_prefix="unimq-prefetch")
     ahead: tuple[int, int, Future] | None = None
     offset = p.start
     where = f"topic {p.topic!r} queue {p.queue_id}"
     try:
         while offset < p.end:
-            size = opts.page_size if state["arrow"] else min(opts.page_size, MAX_JSON_PAGE)
+            size = state["page"] if state["arrow"] else min(opts.page_size, MAX_JSON_PAGE)
             want = min(size, p.end - offset)
             if ahead is not None and ahead[:2] == (offset, want):
                 batches, lo, hi = ahead[2].result()
