@@ -15,9 +15,9 @@ from typing import Mapping
 
 #: The HTTP door's largest pull page (``max`` of ``GET .../queues/{q}/messages``): Arrow pages
 #: up to MAX_PAGE, JSON pages (the fallback) up to MAX_JSON_PAGE (the door's limits). Pages of
-#: 65,536 rows instead of 16,384 cost the server and Spark's Python workers a quarter less
-#: CPU (a fixed price per page: bench/RESULTS.md, issue 18, branch spark2); a door from
-#: before them takes OLD_MAX_PAGE.
+#: 65,536 rows instead of 16,384 cost the server and Spark's Python workers up to a quarter
+#: less CPU per read (a fixed price per page: bench/RESULTS.md, issue 18, branch spark2); a
+#: door from before them takes OLD_MAX_PAGE.
 MAX_PAGE = 65536
 OLD_MAX_PAGE = 16384
 MAX_JSON_PAGE = 4096
