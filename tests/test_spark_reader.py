@@ -585,3 +585,59 @@ def test_unimq_demo_feeds_all_three_doors(server, http):
     assert by_topic == {"factory": {"mqtt"}, "events": {"cloudevents"}, "orders": {"amqp"}}, by_topic
     assert all(m.startswith("factory/line-") for m in rows.column("mqtt_topic").drop_null().to_pylist())
     assert rows.column("ce_type").drop_null().to_pylist()[0].startswith("com.example.")
+
+
+def test_a_door_from_before_large_pages_is_read_in_pages_of_its_size(server, loaded):
+    """A door whose Arrow pages stop at 16,384 rows answers 422 to more: the reader asks again
+    in pages of that size, in Arrow (not the JSON fallback). The older door is a proxy in front
+    of the real one that refuses ``max`` above 16,384 as such a door did."""
+    import http.server
+    import threading
+    import urllib.parse
+    import urllib.request
+
+    import httpx
+
+    seen: list[tuple[int, str]] = []
+
+    class OldDoor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            q = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            if "max" in q:
+                seen.append((int(q["max"][0]), q.get("format", ["json"])[0]))
+            if "max" in q and int(q["max"][0]) > 16384:
+                body, status, headers = b'{"error": "VALIDATION", "message": "max"}', 422, {}
+            else:
+                with urllib.request.urlopen(server.endpoint + self.path, timeout=30) as r:
+                    body, status, headers = r.read(), r.status, dict(r.headers)
+            self.send_response(status)
+            for k, v in headers.items():
+                if k.lower().startswith(("content-type", "unimq-")):
+                    self.send_header(k, v)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    from core_broker.model import Message
+    from gateway.batch_codec import pack
+
+    packed = pack([Message("sr-old", b"o%d" % i) for i in range(10_000)])
+    with httpx.Client(base_url=server.endpoint, timeout=60) as c:
+        c.post("/v1/topics", json={"name": "sr-old", "queues": 1, "attributes": {"batch": "true"}}).raise_for_status()
+        for _ in range(2):  # two records: 20,000 rows, more than one old page
+            c.post("/v1/topics/sr-old/messages", content=packed,
+                   headers={"content-type": "application/vnd.unimq.batch"}).raise_for_status()
+    door = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OldDoor)
+    threading.Thread(target=door.serve_forever, daemon=True).start()
+    try:
+        o = SourceOptions.parse({"endpoint": f"http://127.0.0.1:{door.server_address[1]}", "topics": "sr-old"})
+        assert o.page_size == MAX_PAGE > 16384
+        got = pa.Table.from_batches(list(read_range(o, UnimqPartition("sr-old", 0, 0, 20_000))))
+        assert got.column("queue_offset").to_pylist() == list(range(20_000))
+        assert seen == [(20_000, "arrow"), (16384, "arrow"), (20_000 - 16384, "arrow")]
+    finally:
+        door.shutdown()
+        door.server_close()
