@@ -158,6 +158,10 @@ class BrokerController(MessageQueries, DoorStateKv):
             if op == "off":
                 self.store.offsets.commit(data["g"], data["t"], data["q"], data["o"])
                 continue
+            if op == "offs":  # commit_offsets: several queues of one group in one record
+                for t, q, o in data["o"]:
+                    self.store.offsets.commit(data["g"], t, q, o)
+                continue
             if op == "acks":  # ack_batch: several acks in one record
                 for t, q, o in data["a"]:
                     self.pops.apply("ack", {"g": data["g"], "t": t, "q": q, "o": o})
@@ -627,6 +631,34 @@ class BrokerController(MessageQueries, DoorStateKv):
         r = self.journal.append("off", {"g": group, "t": topic, "q": queue_id, "o": offset})
         self.store.offsets.commit(group, topic, queue_id, offset)
         await self.store.wait_durable(r)
+
+    async def commit_offsets(self, group: str, offsets: list[tuple[str, int, int]]) -> None:
+        """Commit many queues' offsets of one group, (topic, queue id, offset) each, in one journal
+        record per 500: a door committing the floors of thousands of lanes per flush (the MQTT
+        door's LMQ lanes) paid one call and one record per lane."""
+        if any(o < 0 for _, _, o in offsets):
+            raise BadRequestError("offset must not be negative")
+        if not offsets:
+            return
+        for i in range(0, len(offsets), 500):  # records of a few dozen KiB (a test store's segments are small)
+            r = self.journal.append("offs", {"g": group, "o": [[t, q, o] for t, q, o in offsets[i:i + 500]]})
+        commit = self.store.offsets.commit
+        for t, q, o in offsets:
+            commit(group, t, q, o)
+        await self.store.wait_durable(r)
+
+    async def pull_lanes(self, reads: list[tuple[str, int, int, int]]) -> list[GetResult | None]:
+        """Several queues read at once, (topic, queue id, offset, max count) each, without a long
+        poll: one answer per read, None where the topic does not exist (the others are still read).
+        Why: a door reading the LMQ lanes of many sessions that were just woken (MQTT notes) paid
+        one call per lane."""
+        out: list[GetResult | None] = []
+        for topic, queue_id, offset, max_count in reads:
+            try:
+                out.append(await self.pull(topic, queue_id, offset, max_count))
+            except TopicNotFoundError:
+                out.append(None)
+        return out
 
     async def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int:
         """Move a consumer group (pop or pull) on one queue to ``offset`` (clamped to the queue's

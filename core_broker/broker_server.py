@@ -42,7 +42,7 @@ REMOTE_METHODS = [
     "commit_offset", "get_offset", "query_offset", "query_by_id", "query_by_key", "kv_put", "kv_get",
     "kv_items", "kv_get_versioned", "kv_put_many", "kv_create_many", "kv_get_many_versioned", "kv_items_versioned", "door_watch",
     "door_notify", "poll_transaction_checks", "transaction_check_outcome",
-    "consumer_lag", "store_stats", "group_queues", "reset_offset", "repl_hello", "repl_fetch", "repl_state",
+    "commit_offsets", "pull_lanes", "consumer_lag", "store_stats", "group_queues", "reset_offset", "repl_hello", "repl_fetch", "repl_state",
     "read_table", "compact_topic", "seal_queue", "consumed_offset", "pull_batches",
 ]
 # What a replica (or a group member with no role yet) answers; everything else is its master's.
@@ -348,6 +348,13 @@ class BrokerServer:
     async def commit_offset(self, group, topic, queue_id, offset):
         await self.controller.commit_offset(group, topic, queue_id, offset)
 
+    async def commit_offsets(self, group, offsets):
+        await self.controller.commit_offsets(group, [(t, q, o) for t, q, o in offsets])
+
+    async def pull_lanes(self, reads) -> list[bytes | None]:
+        """One block per read (as ``pull`` answers), None where the topic does not exist."""
+        got = await self.controller.pull_lanes([(t, q, o, n) for t, q, o, n in reads])
+        return [None if r is None else get_result_to_block(r) for r in got]
     def get_offset(self, group, topic, queue_id):
         return self.controller.get_offset(group, topic, queue_id)
 

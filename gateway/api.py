@@ -219,6 +219,14 @@ class ProcessorCalls(Protocol):
         self, ctx: RequestContext, group: str, topic: str, queue_id: int, offset: int, *, broker: str | None = None
     ) -> None: ...
 
+    async def pull_lanes(
+        self, ctx: RequestContext, broker: str, reads: Sequence[tuple[RequestContext, str, int, int]]
+    ) -> list[GetResult | None]: ...
+
+    async def commit_lanes(
+        self, ctx: RequestContext, group: str, broker: str, offsets: Sequence[tuple[str, int]]
+    ) -> None: ...
+
     async def get_offset(
         self, ctx: RequestContext, group: str, topic: str, queue_id: int, *, broker: str | None = None
     ) -> int | None: ...

@@ -160,6 +160,13 @@ class BrokerClient(Protocol):
         then pulls single messages)."""
         ...
     async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None: ...
+    async def commit_offsets(self, broker: str, group: str, offsets: Sequence[tuple[str, int, int]]) -> None:
+        """(topic, queue id, offset) of many queues on ``broker``, one journal record for all."""
+        ...
+    async def pull_lanes(self, broker: str, reads: Sequence[tuple[str, int, int, int]]) -> list[GetResult | None]:
+        """(topic, queue id, offset, max count) of many queues on ``broker``, read in one call;
+        None where a topic does not exist there."""
+        ...
     async def get_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None: ...
     async def query_offset(self, broker: str, topic: str, queue_id: int, policy: str, timestamp_ms: int) -> int: ...
     async def read_table(self, broker: str, topic: str, queue_id: int, offset: int, max_count: int) -> GetResult: ...
@@ -340,6 +347,12 @@ class LocalBrokerClient:
 
     async def commit_offset(self, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None:
         await self._check(broker).commit_offset(group, topic, queue_id, offset)
+
+    async def commit_offsets(self, broker: str, group: str, offsets: Sequence[tuple[str, int, int]]) -> None:
+        await self._check(broker).commit_offsets(group, list(offsets))
+
+    async def pull_lanes(self, broker: str, reads: Sequence[tuple[str, int, int, int]]) -> list[GetResult | None]:
+        return await self._check(broker).pull_lanes(list(reads))
 
     async def get_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None:
         return self._check(broker).get_offset(group, topic, queue_id)

@@ -22,7 +22,8 @@ is an acknowledged floor that survives a restart. The parts:
 - :class:`LaneRuns`: the order messages were stored in *across* the lanes of one
   LMQ, so a read-back interleaves them the same way (runs of [lane, count]).
 - :func:`pull_lane`: read a lane back from the store (making the LMQ known on
-  that broker first, once).
+  that broker first, once); :class:`LanePulls` does it for many lanes, those
+  asked in one event-loop turn on one broker travelling as one call.
 - The durable floor, two ways: as a consumer group's committed offset
   (:func:`committed_floor`, :func:`commit_floor`: the floor only, what one
   in-order reader needs) or as a small JSON record the door keeps in the
@@ -32,9 +33,11 @@ is an acknowledged floor that survives a restart. The parts:
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
+from core_broker.errors import TopicNotFoundError
 from core_broker.model import GetResult
 from gateway.api import ProcessorCalls
 from gateway.context import RequestContext
@@ -46,6 +49,7 @@ __all__ = [
     "MemoryBudget",
     "LaneRuns",
     "pull_lane",
+    "LanePulls",
     "committed_floor",
     "commit_floor",
     "settled_ranges",
@@ -312,6 +316,76 @@ async def pull_lane(source: ProcessorCalls, lmq: str, lane: Lane, offset: int, n
         await source.host_lmq(admin_ctx or ctx, lmq, lane.broker)
         lane.hosted = True
     return await source.pull(ctx, lmq, 0, offset, n, broker=lane.broker)
+
+
+class LanePulls:
+    """Reads of many lanes: those asked in one event-loop turn on one broker go as one call.
+
+    Why (issue 21): an MQTT gateway woken for thousands of sessions at once (a fleet's notes,
+    a broker's restart) read each lane with a call of its own, and each call cost the broker
+    and the gateway more than the read itself. The readers woken together ask in the same
+    turn (each runs up to its read); the first ask schedules the send for the next turn, which
+    takes all asked meanwhile (:meth:`ProcessorCalls.pull_lanes`, at most :attr:`MAX_LANES`
+    per call). A read asked alone goes as a plain pull.
+    """
+
+    MAX_LANES = 256  # reads per call: an answer of many full lanes stays a few MiB at most
+
+    def __init__(self, source: ProcessorCalls, admin_ctx: RequestContext) -> None:
+        self.source = source
+        self.admin_ctx = admin_ctx  # the door's own: hosting an LMQ, the batch call itself
+        self._asked: dict[str, list[tuple[RequestContext, str, int, int, asyncio.Future[GetResult]]]] = {}
+        self._sending: set[asyncio.Task[None]] = set()  # (held: the loop keeps only weak references)
+
+    async def pull(self, lmq: str, lane: Lane, offset: int, n: int, ctx: RequestContext) -> GetResult:
+        """:func:`pull_lane`, read together with the other lanes asked now on that broker."""
+        if not lane.hosted:
+            await self.source.host_lmq(self.admin_ctx, lmq, lane.broker)
+            lane.hosted = True
+        loop = asyncio.get_running_loop()
+        asked = self._asked.get(lane.broker)
+        if asked is None:
+            asked = self._asked[lane.broker] = []
+            loop.call_soon(self._send, lane.broker)
+        f: asyncio.Future[GetResult] = loop.create_future()
+        asked.append((ctx, lmq, offset, n, f))
+        return await f
+
+    def _send(self, broker: str) -> None:
+        asked = self._asked.pop(broker)
+        for i in range(0, len(asked), self.MAX_LANES):
+            t = asyncio.get_running_loop().create_task(self._read(broker, asked[i:i + self.MAX_LANES]))
+            self._sending.add(t)
+            t.add_done_callback(self._sending.discard)
+
+    async def _read(self, broker: str, asked: list[tuple[RequestContext, str, int, int,
+                                                           asyncio.Future[GetResult]]]) -> None:
+        asked = [a for a in asked if not a[4].done()]  # a reader cancelled meanwhile
+        try:
+            if len(asked) == 1:
+                ctx, lmq, offset, n, _ = asked[0]
+                got: list[GetResult | None] = [await self.source.pull(ctx, lmq, 0, offset, n, broker=broker)]
+            elif asked:
+                got = await self.source.pull_lanes(self.admin_ctx, broker, [a[:4] for a in asked])
+            else:
+                return
+        except asyncio.CancelledError:
+            for a in asked:
+                a[4].cancel()
+            raise
+        except Exception as e:  # every reader sees it, as its own pull would have raised it
+            for a in asked:
+                if not a[4].done():
+                    a[4].set_exception(e)
+            return
+        for a, r in zip(asked, got):
+            f = a[4]
+            if f.done():
+                continue
+            if r is None:
+                f.set_exception(TopicNotFoundError(f"topic {a[1]!r} does not exist on {broker}"))
+            else:
+                f.set_result(r)
 
 
 async def committed_floor(source: ProcessorCalls, ctx: RequestContext, group: str, lmq: str, broker: str) -> int:

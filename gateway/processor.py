@@ -51,6 +51,7 @@ from .trace import Tracer, check_trace_attributes
 from .batch_codec import expand_all, expand_popped
 from .batch_send import check_batchable, pack_call
 from .processor_bulk import BulkCalls
+from .processor_lanes import LaneCalls
 from .send_now import SendNow, too_large
 from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, TopicPlan, clean_properties, message_type_of, select_queue
 
@@ -67,7 +68,7 @@ _PUB, _SUB, _TOPIC, _GROUP = Action.PUBLISH, Action.SUBSCRIBE, Resource.TOPIC, R
 
 
 @namespaced_calls
-class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCalls, TraceCalls, BulkCalls, SendNow):
+class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCalls, TraceCalls, BulkCalls, LaneCalls, SendNow):
     """The processor API (gateway/api.py :class:`MessagingAPI`) over a broker client.
 
     Namespaces are applied to every call of the API by the class decorator
@@ -660,8 +661,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
         self, ctx: RequestContext, group: str, topic: str, queue_id: int, offset: int, *, broker: str | None = None
     ) -> None:
         self._consume_check(ctx, group, topic)
-        b = await self._queue_broker(ctx, topic, queue_id, broker)
-        await self.broker.commit_offset(b, group, topic, queue_id, offset)
+        await self.broker.commit_offset(await self._queue_broker(ctx, topic, queue_id, broker), group, topic, queue_id, offset)
 
     async def get_offset(
         self, ctx: RequestContext, group: str, topic: str, queue_id: int, *, broker: str | None = None

@@ -56,7 +56,7 @@ register_ext(35, TopicRoute, lambda r: [r.config, r.queues], lambda f: TopicRout
 _CHECK_METHODS = ("poll_transaction_checks", "confirm_transaction_checks")
 #: What the processor RPC serves: exactly the processor API's calls (gateway/api.py), plus the checks.
 PROCESSOR_METHODS = [*CALLS, *_CHECK_METHODS]
-_OWN_METHODS = (*_CHECK_METHODS, "send", "pop", "pull", "read_table")  # the facade's own code, not a pass-through
+_OWN_METHODS = (*_CHECK_METHODS, "send", "pop", "pull", "pull_lanes", "read_table")  # the facade's own code, not a pass-through
 _CALL_SET = frozenset(CALLS)
 
 
@@ -100,6 +100,9 @@ class ProcessorRpcFacade:
 
     async def pull(self, *args: Any, **kwargs: Any) -> bytes:
         return get_result_to_block(await self._pull(*args, **kwargs))
+
+    async def pull_lanes(self, *args: Any, **kwargs: Any) -> list[bytes | None]:
+        return [None if r is None else get_result_to_block(r) for r in await self._processor.pull_lanes(*args, **kwargs)]
 
     async def read_table(self, *args: Any, **kwargs: Any) -> bytes:
         return get_result_to_block(await self._table(*args, **kwargs))
@@ -260,6 +263,9 @@ class RemoteProcessor:
 
     async def pull(self, *args: Any, **kwargs: Any) -> Any:
         return get_result_from_block(await self._invoke("pull", *args, **kwargs))
+
+    async def pull_lanes(self, *args: Any, **kwargs: Any) -> list:
+        return [None if b is None else get_result_from_block(b) for b in await self._invoke("pull_lanes", *args, **kwargs)]
 
     async def read_table(self, *args: Any, **kwargs: Any) -> Any:
         return get_result_from_block(await self._invoke("read_table", *args, **kwargs))

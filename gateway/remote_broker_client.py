@@ -509,6 +509,14 @@ class RemoteBrokerClient:
             return await static_topics.commit_offset(self, mp, group, topic, queue_id, offset)
         await self._call(broker, "commit_offset", group, topic, queue_id, offset)
 
+    async def commit_offsets(self, broker: str, group: str, offsets: Sequence[tuple[str, int, int]]) -> None:
+        # LMQ lanes only (the processor's commit_lanes checks): never a static topic's map to follow
+        await self._call(broker, "commit_offsets", group, [list(x) for x in offsets])
+
+    async def pull_lanes(self, broker: str, reads: Sequence[tuple[str, int, int, int]]) -> list[GetResult | None]:
+        blocks = await self._call(broker, "pull_lanes", [list(x) for x in reads])  # LMQ lanes only, likewise
+        return [None if b is None else get_result_from_block(b) for b in blocks]
+
     async def get_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None:
         mp = await self._static(topic)
         if mp is not None:

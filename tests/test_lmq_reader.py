@@ -7,16 +7,19 @@ over a real store in a temp dir.
 
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator
 
 import pytest
 
 from core_broker.config import StoreConfig
+from core_broker.errors import BadRequestError
 from core_broker.model import DispatchTarget, Message
 from gateway.context import RequestContext
 from gateway.deployment import merged_processor
 from gateway.lmq_reader import (
     Lane,
+    LanePulls,
     LaneRuns,
     MemoryBudget,
     SpillLane,
@@ -161,3 +164,41 @@ async def test_read_back_and_committed_floor(processor) -> None:
     assert await committed_floor(p, CTX, "g", lmq, broker) == 3
     r = await pull_lane(p, lmq, lane, lane.floor, 10, CTX)
     assert [m.body for m in r.messages] == [b"m3", b"m4"]
+
+
+def _store(tmp_path) -> StoreConfig:
+    return StoreConfig(data_dir=tmp_path, commitlog_segment_size=16 << 20, cq_entries_per_file=10_000,
+                       index_slots=1000, index_entries_per_file=4000, disk_min_free_ratio=0.0,
+                       disk_refuse_free_ratio=0.0)
+
+
+async def test_lanes_asked_together_are_read_and_committed_together(tmp_path) -> None:
+    """LanePulls: lanes asked in one turn (one call) come back each with its own entries;
+    commit_lanes: the floors of several lanes in one call survive a restart (journal replay)."""
+    p = merged_processor(_store(tmp_path))
+    await p.start()
+    lmqs = [f"%LMQ%test/lane{i}" for i in range(3)]
+    try:
+        for i, lmq in enumerate(lmqs):
+            await p.create_topic(CTX, lmq, queues=1, exist_ok=True)
+            results = await p.send(CTX, [Message("t", f"{i}-{k}".encode(), protocol="test",
+                                                 extra_dispatch=(DispatchTarget(lmq, 0),)) for k in range(i + 2)])
+        broker = results[0].broker
+        pulls = LanePulls(p, CTX)
+        lanes = [WindowedLane(broker) for _ in lmqs]
+        empty = WindowedLane(broker)
+        got = await asyncio.gather(*(pulls.pull(lmq, lane, 1, 10, CTX) for lmq, lane in zip(lmqs, lanes)),
+                                   pulls.pull("%LMQ%test/empty", empty, 0, 10, CTX))
+        assert [[m.body for m in r.messages] for r in got[:3]] == [[b"0-1"], [b"1-1", b"1-2"], [b"2-1", b"2-2", b"2-3"]]
+        assert got[3].messages == [] and all(lane.hosted for lane in [*lanes, empty])
+        await p.commit_lanes(CTX, "g", broker, [(lmqs[0], 2), (lmqs[2], 3)])
+        with pytest.raises(BadRequestError):  # lanes are LMQs' parts only
+            await p.commit_lanes(CTX, "g", broker, [("t", 1)])
+    finally:
+        await p.stop()
+    p = merged_processor(_store(tmp_path))
+    await p.start()
+    try:
+        assert [await committed_floor(p, CTX, "g", lmq, broker) for lmq in lmqs] == [2, 0, 3]
+    finally:
+        await p.stop()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine
 from core_broker.errors import TopicNotFoundError, UnimqError
 from gateway.api import MessagingAPI
 from gateway.context import RequestContext
-from gateway.lmq_reader import LaneRuns, MemoryBudget, commit_floor, committed_floor, pull_lane
+from gateway.lmq_reader import LanePulls, LaneRuns, MemoryBudget, committed_floor
 
 from . import codec as C
 from .codec import encode_publish
@@ -66,6 +66,7 @@ class Delivery:
         # lane instead (adopt_owned), so the write, its replication and every other gateway's
         # copy refresh would be paid per first message for nothing (issue 21)
         self.save_lanes = True
+        self.pulls = LanePulls(processor, ctx)  # lanes read back in the same turn: one call per broker
         self.mem = MemoryBudget(config.mem_queue_bytes)  # every cursor's in-memory window (_mem_push)
         self._dirty_sessions: set[Session] = set()
         self._dirty_wake = asyncio.Event()  # set when _dirty_sessions stops being empty
@@ -172,17 +173,34 @@ class Delivery:
                 log.exception("mqtt: committing offsets failed")
 
     async def commit_offsets(self) -> None:
+        """Commit every dirty lane's floor that moved: one call per broker for all of them
+        (``commit_lanes``), not one per lane (issue 21: a fleet's first messages each made a
+        lane, and each lane's commit was a call and a journal record). A broker's call that
+        failed leaves its lanes dirty for the next flush, and the first failure is raised."""
         sessions, self._dirty_sessions = self._dirty_sessions, set()
+        per: dict[str, list[tuple[Session, str, Cursor, int]]] = {}  # broker -> lanes to commit
         for s in sessions:
             dirty, s.dirty = s.dirty, NONE
             for key in dirty:
                 cur = s.cursors.get(key)
-                if cur is None:
-                    continue
-                try:
-                    await commit_floor(self.processor, self.ctx, OFFSET_GROUP, key[0], cur)
-                except TopicNotFoundError:
-                    pass
+                if cur is not None and cur.floor != cur.committed:
+                    per.setdefault(cur.broker, []).append((s, key[0], cur, cur.floor))
+        failed: BaseException | None = None
+        for broker, lanes in per.items():
+            try:
+                await self.processor.commit_lanes(self.ctx, OFFSET_GROUP, broker, [(lmq, f) for _, lmq, _, f in lanes])
+            except BaseException as e:
+                for s, lmq, _, _ in lanes:
+                    self.dirty(s, [(lmq, broker)])
+                if failed is None:
+                    failed = e
+                if not isinstance(e, Exception):
+                    break  # cancelled: the rest stays dirty too
+                continue
+            for _, _, cur, f in lanes:
+                cur.committed = f
+        if failed is not None:
+            raise failed
 
     def drop_lane(self, s: Session, key: tuple[str, str]) -> None:
         cur = s.cursors.pop(key, None)
@@ -426,8 +444,7 @@ class Delivery:
                         # not lost, though the store answered before that message was stored
                         cur.must_pull = False
                         try:
-                            r = await pull_lane(self.processor, lmq[0], cur, cur.read, want, s.ctx,
-                                                self.ctx)
+                            r = await self.pulls.pull(lmq[0], cur, cur.read, want, s.ctx)
                         except TopicNotFoundError:
                             cur.must_pull = False
                             cur.end = cur.read
