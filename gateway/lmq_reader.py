@@ -326,10 +326,13 @@ class LanePulls:
     and the gateway more than the read itself. The readers woken together ask in the same
     turn (each runs up to its read); the first ask schedules the send for the next turn, which
     takes all asked meanwhile (:meth:`ProcessorCalls.pull_lanes`, at most :attr:`MAX_LANES`
-    per call). A read asked alone goes as a plain pull.
+    per call, those calls in flight together). A read asked alone goes as a plain pull.
     """
 
-    MAX_LANES = 256  # reads per call: an answer of many full lanes stays a few MiB at most
+    # reads per call: a few dozen take most of the per-call cost away, and several calls in flight
+    # keep the broker reading while the gateway hands out the previous answer (at 256 per call
+    # the two waited for each other: first messages took longer for the same CPU)
+    MAX_LANES = 32
 
     def __init__(self, source: ProcessorCalls, admin_ctx: RequestContext) -> None:
         self.source = source
