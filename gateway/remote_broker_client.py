@@ -43,13 +43,14 @@ from nameserver.client import NameserverClient
 
 from . import static_topics
 from .broker_client import BrokerInfo, ClusterView, QueueRoute, RawPage, TopicRoute
+from .remote_lanes import RemoteLaneCalls
 
 log = logging.getLogger("unimq.remote")
 
 KV_BROKERS_MAX_AGE_S = 3.0  # how stale the broker list door state is replicated over may be
 
 
-class RemoteBrokerClient:
+class RemoteBrokerClient(RemoteLaneCalls):
     """Separated deployment: every call goes over RPC to the broker that owns the data."""
 
     reads_raw = False  # the store's bytes are in another process: readers use pull()
@@ -508,14 +509,6 @@ class RemoteBrokerClient:
         if mp is not None:
             return await static_topics.commit_offset(self, mp, group, topic, queue_id, offset)
         await self._call(broker, "commit_offset", group, topic, queue_id, offset)
-
-    async def commit_offsets(self, broker: str, group: str, offsets: Sequence[tuple[str, int, int]]) -> None:
-        # LMQ lanes only (the processor's commit_lanes checks): never a static topic's map to follow
-        await self._call(broker, "commit_offsets", group, [list(x) for x in offsets])
-
-    async def pull_lanes(self, broker: str, reads: Sequence[tuple[str, int, int, int]]) -> list[GetResult | None]:
-        blocks = await self._call(broker, "pull_lanes", [list(x) for x in reads])  # LMQ lanes only, likewise
-        return [None if b is None else get_result_from_block(b) for b in blocks]
 
     async def get_offset(self, broker: str, group: str, topic: str, queue_id: int) -> int | None:
         mp = await self._static(topic)
