@@ -587,9 +587,10 @@ class MQTTBroker:
                 return
         # another gateway's session comes here first (fleet.py), then the takeover here; a new
         # device's record is created where the brokers hold nothing of it, without a read first
+        ctx = RequestContext(protocol="mqtt", client_id=cid, remote_address=conn.peer, principal=pkt.username)
         fresh = None
         if expiry and not pkt.clean_start and self.fleet.unknown(cid):
-            fresh = await self._create(cid, pkt, expiry)
+            fresh = await self._create(cid, pkt, expiry, ctx)
         if fresh is None:
             await self.fleet.claim(cid, pkt.clean_start)
             if conn.closed:
@@ -610,10 +611,10 @@ class MQTTBroker:
         else:
             if old is not None:
                 await self.end_session(old)
-            s = fresh[0] if fresh is not None and old is None else Session(cid, pkt.protocol_level, expiry)
+            s = fresh[0] if fresh is not None and old is None else Session(cid, pkt.protocol_level, expiry, ctx)
             self.sessions[cid] = s
         s.expiry = expiry
-        s.ctx = RequestContext(protocol="mqtt", client_id=cid, remote_address=conn.peer, principal=pkt.username)
+        s.ctx = ctx
         if self.access.login(s, pkt.username) and self.access.enforced and s.subs:
             self.routing.changed()  # dispatch plans decided what this session may read
         if s.expiry_handle is not None:
@@ -676,13 +677,14 @@ class MQTTBroker:
         self.delivery.resume(s)
         self.shared.wake_session(s, reconnected=True)
 
-    async def _create(self, cid: str, pkt: C.Connect, expiry: int) -> tuple[Session, bytes] | None:
+    async def _create(self, cid: str, pkt: C.Connect, expiry: int,
+                      ctx: RequestContext) -> tuple[Session, bytes] | None:
         """A new persistent session for ``cid`` (unknown here: ``Fleet.unknown``) with its record,
         created where the brokers hold nothing of it (one batched call instead of a read and then a
         write: a storm of new devices); None when refused (a record the feed has not brought here
         yet, or a tombstone: ``Fleet.claim`` reads it). The record is what the CONNECT writes
         after attaching the session, so it is not written again unless the session changed."""
-        s = Session(cid, pkt.protocol_level, expiry)
+        s = Session(cid, pkt.protocol_level, expiry, ctx)
         s.username = pkt.username
         self.fleet.new_owner(s)
         record = s.to_json(online=True)
