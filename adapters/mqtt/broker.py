@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from asyncio import Future
 from typing import Any, Coroutine
 
 from core_broker.errors import MessageTooLargeError, StoreFullError, UnimqError
@@ -574,22 +575,37 @@ class MQTTBroker:
             expiry = min(props.get("session_expiry_interval", 0), cfg.max_session_expiry)
         else:
             expiry = 0 if pkt.clean_start else SESSION_NEVER_EXPIRES
-        if ids is not None:  # a connection slot of the user and client id (a takeover frees its own)
-            prev = self.sessions.get(cid)
-            try:
-                conn.lease = ids.traffic.connect(pkt.username, cid, address=conn.peer,
-                                                 replaces=prev is not None and prev.conn is not None)
-            except QuotaExceededError as e:
-                self.processor.metrics.inc("quota_exceeded", "mqtt")
-                log.warning("refused: protocol=mqtt client=%s from=%s: %s", cid, conn.peer, e)
-                rate = e.details.get("what") == "connection_rate"  # 0x9F Connection rate exceeded
-                conn.refuse(C.RC_CONNECTION_RATE_EXCEEDED if rate else C.RC_QUOTA_EXCEEDED, str(e))  # 3.1.1: 3
-                return
+        if not self._lease(conn, pkt, cid):
+            return
         # another gateway's session comes here first (fleet.py), then the takeover here; a new
         # device's record is created where the brokers hold nothing of it, without a read first
+        ctx = RequestContext(protocol="mqtt", client_id=cid, remote_address=conn.peer, principal=pkt.username)
         fresh = None
         if expiry and not pkt.clean_start and self.fleet.unknown(cid):
-            fresh = await self._create(cid, pkt, expiry)
+            fresh = await self._create(cid, pkt, expiry, ctx)
+        await self._connect_rest(conn, pkt, ctx, expiry, assigned, fresh)
+
+    def _lease(self, conn: Connection, pkt: C.Connect, cid: str) -> bool:
+        """A connection slot of the user and client id (a takeover frees its own); False: refused."""
+        ids = self.identities
+        if ids is None:
+            return True
+        prev = self.sessions.get(cid)
+        try:
+            conn.lease = ids.traffic.connect(pkt.username, cid, address=conn.peer,
+                                             replaces=prev is not None and prev.conn is not None)
+        except QuotaExceededError as e:
+            self.processor.metrics.inc("quota_exceeded", "mqtt")
+            log.warning("refused: protocol=mqtt client=%s from=%s: %s", cid, conn.peer, e)
+            rate = e.details.get("what") == "connection_rate"  # 0x9F Connection rate exceeded
+            conn.refuse(C.RC_CONNECTION_RATE_EXCEEDED if rate else C.RC_QUOTA_EXCEEDED, str(e))  # 3.1.1: 3
+            return False
+        return True
+
+    async def _connect_rest(self, conn: Connection, pkt: C.Connect, ctx: RequestContext, expiry: int,
+                            assigned: str | None, fresh: tuple[Session, bytes] | None) -> None:
+        """A CONNECT once admitted (``fresh``: the new session whose record it created)."""
+        cid = ctx.client_id
         if fresh is None:
             await self.fleet.claim(cid, pkt.clean_start)
             if conn.closed:
@@ -610,15 +626,9 @@ class MQTTBroker:
         else:
             if old is not None:
                 await self.end_session(old)
-            s = fresh[0] if fresh is not None and old is None else Session(cid, pkt.protocol_level, expiry)
+            s = fresh[0] if fresh is not None and old is None else Session(cid, pkt.protocol_level, expiry, ctx)
             self.sessions[cid] = s
-        s.expiry = expiry
-        s.ctx = RequestContext(protocol="mqtt", client_id=cid, remote_address=conn.peer, principal=pkt.username)
-        if self.access.login(s, pkt.username) and self.access.enforced and s.subs:
-            self.routing.changed()  # dispatch plans decided what this session may read
-        if s.expiry_handle is not None:
-            s.expiry_handle.cancel()
-            s.expiry_handle = None
+        self._enter(s, ctx, expiry, pkt)
         if conn.closed:  # the client went away while we were busy
             s.disconnected_at = now_ms()
             if not s.persistent:
@@ -628,43 +638,54 @@ class MQTTBroker:
                 if fresh is not None and s is fresh[0]:
                     self.session_store.save_soon(s)  # its created record says online here
             return
+        connack = self._accept(conn, pkt, s, present, assigned)
+        if s.persistent and (fresh is None or s is not fresh[0] or s.to_json() != fresh[1]):
+            await self._save_then_resume(conn, s, connack)  # (else: created as is, durable)
+        else:
+            self._resume(conn, s, connack)
+
+    def _enter(self, s: Session, ctx: RequestContext, expiry: int, pkt: C.Connect) -> None:
+        """``s`` is the CONNECT's session: its expiry and identity from now on, no expiry timer."""
+        s.expiry = expiry
+        s.ctx = ctx
+        if self.access.login(s, pkt.username) and self.access.enforced and s.subs:
+            self.routing.changed()  # dispatch plans decided what this session may read
+        if s.expiry_handle is not None:
+            s.expiry_handle.cancel()
+            s.expiry_handle = None
+
+    def _accept(self, conn: Connection, pkt: C.Connect, s: Session, present: bool, assigned: str | None) -> bytes:
+        """Attach ``s`` to ``conn``; returns the CONNACK to send. A persistent session's waits for
+        its record naming this gateway as the online owner to be durable (written in a batch with
+        other CONNECTs' records: session_store.py); meanwhile what is sent to it waits behind it."""
+        if s.persistent:
+            s.disconnected_at = 0
+            conn.hold()
         self.fleet.new_owner(s)
         conn.attach(s, pkt)
         self.tail.attach(s)
-        cprops: dict[str, Any] = {}
-        if v5:
-            if assigned:
-                cprops["assigned_client_identifier"] = assigned
-            if props.get("session_expiry_interval", 0) != expiry:
-                cprops["session_expiry_interval"] = expiry
-            cprops["receive_maximum"] = cfg.receive_maximum
-            cprops["topic_alias_maximum"] = cfg.topic_alias_maximum
-            cprops["maximum_packet_size"] = cfg.max_packet_size
-            cprops["retain_available"] = 1
-            cprops["wildcard_subscription_available"] = 1
-            cprops["subscription_identifier_available"] = 1
-            cprops["shared_subscription_available"] = 1
-            if cfg.server_keepalive or conn.keepalive != pkt.keepalive:
-                cprops["server_keep_alive"] = conn.keepalive
-        connack = encode(C.Connack(present, 0, cprops), C.MQTT_5) if v5 else C.CONNACK_V3_OK[present]
+        if pkt.protocol_level == C.MQTT_5:
+            cprops = self.config.connack_properties(pkt.properties, s.expiry, conn.keepalive, pkt.keepalive, assigned)
+            connack = encode(C.Connack(present, 0, cprops), C.MQTT_5)
+        else:
+            connack = C.CONNACK_V3_OK[present]
         self.connections.add(conn)
         self.processor.metrics.inc("connections", "mqtt")
-        if s.persistent:
-            # CONNACK once the record naming this gateway as the online owner is durable (written
-            # in a batch with other CONNECTs' records: session_store.py); meanwhile the session is
-            # attached and what is sent to it waits behind the CONNACK
-            s.disconnected_at = 0
-            conn.hold()
-            try:
-                if fresh is None or s is not fresh[0] or s.to_json() != fresh[1]:  # (else: created as is)
-                    await self.session_store.save(s)
-            except (UnimqError, OSError) as e:
-                log.warning("mqtt: session %r could not be stored, CONNECT refused: %s", cid, e)
-                conn.refuse(C.RC_SERVER_UNAVAILABLE, "the session could not be stored")
-                conn.lost()
-                return
-            if conn.closed:
-                return
+        return connack
+
+    async def _save_then_resume(self, conn: Connection, s: Session, connack: bytes) -> None:
+        try:
+            await self.session_store.save(s)
+        except (UnimqError, OSError) as e:
+            log.warning("mqtt: session %r could not be stored, CONNECT refused: %s", s.client_id, e)
+            conn.refuse(C.RC_SERVER_UNAVAILABLE, "the session could not be stored")
+            conn.lost()
+            return
+        if not conn.closed:
+            self._resume(conn, s, connack)
+
+    def _resume(self, conn: Connection, s: Session, connack: bytes) -> None:
+        """The CONNACK, then what the session has to resend and its queues."""
         conn.send_first(connack)
         # resume: PUBRELs, then unacknowledged PUBLISHes with DUP, then the queues
         for pid in sorted(s.pubrel):
@@ -676,22 +697,68 @@ class MQTTBroker:
         self.delivery.resume(s)
         self.shared.wake_session(s, reconnected=True)
 
-    async def _create(self, cid: str, pkt: C.Connect, expiry: int) -> tuple[Session, bytes] | None:
+    async def _create(self, cid: str, pkt: C.Connect, expiry: int, ctx: RequestContext) -> tuple[Session, bytes] | None:
         """A new persistent session for ``cid`` (unknown here: ``Fleet.unknown``) with its record,
         created where the brokers hold nothing of it (one batched call instead of a read and then a
         write: a storm of new devices); None when refused (a record the feed has not brought here
         yet, or a tombstone: ``Fleet.claim`` reads it). The record is what the CONNECT writes
         after attaching the session, so it is not written again unless the session changed."""
-        s = Session(cid, pkt.protocol_level, expiry)
-        s.username = pkt.username
-        self.fleet.new_owner(s)
-        record = s.to_json(online=True)
+        s, record, f = self._start_create(pkt, expiry, ctx)
         try:
-            created = await self.session_store.create(s, record)
+            created = await f
         except (UnimqError, OSError) as e:
             log.warning("mqtt: session %r could not be created, reading it: %s", cid, e)
             return None
         return (s, record) if created else None
+
+    def _start_create(self, pkt: C.Connect, expiry: int, ctx: RequestContext) -> tuple[Session, bytes, Future[bool]]:
+        s = Session(ctx.client_id, pkt.protocol_level, expiry, ctx)
+        s.username = pkt.username
+        self.fleet.new_owner(s)
+        record = s.to_json(online=True)
+        return s, record, self.session_store.create(s, record)
+
+    def connect_now(self, conn: Connection, pkt: C.Connect) -> bool:
+        """A 3.1/3.1.1 CONNECT of a new device's persistent session (anonymous, unknown here: a storm)
+        without a worker task: its record is created and the rest runs from the create's callback
+        (:meth:`_created`). False: nothing done (the worker runs :meth:`connect`)."""
+        cfg, ids, cid = self.config, self.identities, pkt.client_id
+        if (pkt.username is not None or pkt.clean_start or not cid or pkt.protocol_level == C.MQTT_5
+                or not cfg.allow_anonymous or cfg.use_identity_as_username or not self.fleet.unknown(cid)
+                or (ids is not None and ids.has_users and not self.allow_anonymous)):
+            return False
+        if not self._lease(conn, pkt, cid):
+            return True
+        ctx = RequestContext(protocol="mqtt", client_id=cid, remote_address=conn.peer)
+        s, record, f = self._start_create(pkt, SESSION_NEVER_EXPIRES, ctx)
+        f.add_done_callback(lambda f: self._created(conn, pkt, s, record, f))
+        return True
+
+    def _created(self, conn: Connection, pkt: C.Connect, s: Session, record: bytes, f: Future[bool]) -> None:
+        """:meth:`connect_now`'s create is done: the CONNACK at once (durable as created), or the
+        rest of :meth:`connect` in a worker task (refused, failed, gone, or a session of it here)."""
+        cid = s.client_id
+        e = None if f.cancelled() else f.exception()
+        if f.cancelled() or (e is not None and not isinstance(e, (UnimqError, OSError))):  # (stopping)
+            if e is not None:
+                log.error("mqtt: creating the session of %r failed", cid, exc_info=e)
+            conn.close(C.RC_UNSPECIFIED_ERROR, "internal error")
+            conn.lost()
+            return
+        if e is not None:
+            log.warning("mqtt: session %r could not be created, reading it: %s", cid, e)
+        fresh = (s, record) if e is None and f.result() else None
+        if fresh is None or conn.closed or cid in self.sessions:
+            conn.work_on(self._connect_rest(conn, pkt, s.ctx, s.expiry, None, fresh))
+            return
+        self.sessions[cid] = s
+        self._enter(s, s.ctx, s.expiry, pkt)
+        connack = self._accept(conn, pkt, s, False, None)
+        if s.to_json() != record:
+            conn.work_on(self._save_then_resume(conn, s, connack))
+        else:
+            self._resume(conn, s, connack)
+            conn.work_on(None)
 
     async def _token_login(self, username: str, password: bytes | None) -> bool:
         """A JWT of a configured issuer as the password (as EMQX's JWT authentication): valid, and its

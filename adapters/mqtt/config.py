@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .session import SESSION_NEVER_EXPIRES
 
@@ -50,3 +51,22 @@ class MQTTConfig:
     takeover_timeout_s: float = 3.0
     # Mosquitto's use_identity_as_username, on TLS connections (gateway.access.certs)
     use_identity_as_username: bool = False
+
+    def connack_properties(self, requested: dict[str, Any], expiry: int, keepalive: int,
+                           requested_keepalive: int, assigned: str | None) -> dict[str, Any]:
+        """A v5 CONNACK's properties: what this door grants a client that asked for ``requested``."""
+        cprops: dict[str, Any] = {}
+        if assigned:
+            cprops["assigned_client_identifier"] = assigned
+        if requested.get("session_expiry_interval", 0) != expiry:
+            cprops["session_expiry_interval"] = expiry
+        cprops["receive_maximum"] = self.receive_maximum
+        cprops["topic_alias_maximum"] = self.topic_alias_maximum
+        cprops["maximum_packet_size"] = self.max_packet_size
+        cprops["retain_available"] = 1
+        cprops["wildcard_subscription_available"] = 1
+        cprops["subscription_identifier_available"] = 1
+        cprops["shared_subscription_available"] = 1
+        if self.server_keepalive or keepalive != requested_keepalive:
+            cprops["server_keep_alive"] = keepalive
+        return cprops

@@ -18,7 +18,7 @@ import logging
 import struct
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Coroutine
 
 from gateway.access.traffic import Lease, Meter, QuotaExceededError, TrafficControl
 
@@ -69,7 +69,7 @@ class Connection:
                  "session", "will", "publish_will", "proto", "closed", "connected", "writable", "window",
                  "problem_info", "keepalive", "last_rx", "alias_in", "alias_out", "alias_out_max", "max_out_packet",
                  "inbox", "_worker", "_wbuf", "_wsize", "_flush_scheduled", "_paused", "_freed", "_timer", "loop",
-                 "lease", "meter", "_held", "_connack_held")
+                 "lease", "meter", "_held", "_connack_held", "_connecting")
 
     def __init__(self, broker: MQTTBroker, transport: Any, peer: str) -> None:
         self.broker = broker
@@ -108,6 +108,7 @@ class Connection:
         self._freed = False  # acknowledgements freed window room during this inbox run
         self._timer: asyncio.TimerHandle | None = None  # the keepalive check, once connected
         self._connack_held = False  # writes wait for the CONNACK (see hold)
+        self._connecting = False  # a CONNECT handled without a worker is on its way (see work_on)
         self.loop = asyncio.get_running_loop()
         broker.connect_deadlines.add(self, self.last_rx + broker.config.connect_timeout_s)
         self.lease: Lease | None = None  # a connection slot of its user and client id (gateway.access.traffic)
@@ -137,6 +138,15 @@ class Connection:
         except MQTTProtocolError as e:
             pkts, err = e.packets, e
         if pkts:
+            if (err is None and self.session is None and len(pkts) == 1 and type(pkts[0]) is C.Connect
+                    and self._worker is None and not self._connecting and self.inbox is None
+                    and self.proto.legal(C.CONNECT)):
+                pkt = pkts[0]
+                self.proto.receive(C.CONNECT)  # (legal again when the worker handles it after all)
+                self.version = pkt.protocol_level
+                if self.broker.connect_now(self, pkt):  # a new device's CONNECT: no worker task
+                    self._connecting = not self.closed
+                    return
             if self._worker is None and not self.inbox and self.session is not None:
                 # Nothing is queued before them: a subscriber's PUBACKs are settled right
                 # here, without a task or a coroutine per packet (the delivery hot path).
@@ -162,7 +172,7 @@ class Connection:
             self.inbox.append(err)
         if not self.inbox:
             return
-        if self._worker is None:
+        if self._worker is None and not self._connecting:
             self._worker = self.loop.create_task(self._work())
         if len(self.inbox) > 4096 and not self._paused:
             self._paused = True
@@ -421,10 +431,21 @@ class Connection:
         if ka:
             self._timer = self.loop.call_later(ka * 1.5, self._keepalive_check)
 
-    async def _work(self) -> None:
+    def work_on(self, first: Coroutine[Any, Any, None] | None) -> None:
+        """The CONNECT handled without a worker (``broker.connect_now``) goes on: ``first`` (the rest
+        of it) in a worker task, then the packets that came meanwhile; None: it is done."""
+        self._connecting = False
+        if first is not None:
+            self._worker = self.loop.create_task(self._work(first))
+        elif self.inbox and not self.closed:
+            self._worker = self.loop.create_task(self._work())
+
+    async def _work(self, first: Coroutine[Any, Any, None] | None = None) -> None:
         inbox = self.inbox
-        assert inbox is not None  # a worker starts for packets waiting
         try:
+            if first is not None:
+                await first
+                inbox = self.inbox
             while inbox and not self.closed:
                 pkt = inbox.popleft()
                 if type(pkt) is C.PubAck:
@@ -455,7 +476,7 @@ class Connection:
             self.lost()
         finally:
             self._worker = None
-            if not inbox and self.inbox is inbox:
+            if inbox is not None and not inbox and self.inbox is inbox:
                 self.inbox = None  # an idle connection keeps no deque (768 bytes)
 
     def _protocol_error(self, e: MQTTProtocolError) -> None:

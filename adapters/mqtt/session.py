@@ -114,7 +114,8 @@ class Session:
         "online",
     )
 
-    def __init__(self, client_id: str, version: int = MQTT_311, expiry: int = 0) -> None:
+    def __init__(self, client_id: str, version: int = MQTT_311, expiry: int = 0,
+                 ctx: RequestContext | None = None) -> None:
         self.client_id = client_id
         self.version = version
         self.expiry = expiry  # seconds after disconnect; SESSION_NEVER_EXPIRES = never
@@ -134,7 +135,8 @@ class Session:
         self.will_handle: asyncio.TimerHandle | None = None
         self.dirty: set[tuple[str, str]] | frozenset[tuple[str, str]] = NONE  # lanes whose floor must be committed
         self.has_sub_ids = False
-        self.ctx: RequestContext = RequestContext(protocol="mqtt", client_id=client_id)  # set at each CONNECT
+        # set at each CONNECT (``ctx``: the CONNECT's own, made once: a frozen dataclass is not cheap)
+        self.ctx: RequestContext = ctx if ctx is not None else RequestContext(protocol="mqtt", client_id=client_id)
         # lmq -> runs [broker, how many offsets] of messages waiting in its lanes, oldest first:
         # the order they were stored in across brokers, so a read-back interleaves the lanes
         # the same way. Only for an LMQ with more than one lane (never in merged mode).

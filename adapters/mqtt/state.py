@@ -36,6 +36,10 @@ class State(enum.Enum):
     DISCONNECTING = "disconnecting"
     CLOSED = "closed"
 
+    # Identity hash (members are singletons, compared by identity): Enum's own hashes the name
+    # in Python, and every packet's (state, event) lookup in TRANSITIONS pays it.
+    __hash__ = object.__hash__
+
 
 # the server's own moves
 ACCEPT = "accept"  # CONNACK 0 sent: the session is attached
