@@ -92,7 +92,7 @@ def test_a_session_record_is_what_json_dumps_gives() -> None:
     full.subs[sub.key()] = sub
     shared = Subscription("jobs/#", 2, full, group="w")
     full.subs[shared.key()] = shared
-    full.cursors[("%LMQ%mqtt/x/1", "broker-a")] = WindowedLane("broker-a")
+    full.new_cursor(("%LMQ%mqtt/x/1", "broker-a"), WindowedLane("broker-a"))  # type: ignore[arg-type]
     for s in (bare, full):
         assert s.to_json() == dumps(s)
         assert Session.from_json(s.client_id, s.to_json())[0].epoch == s.epoch
