@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import io
 import json
 import logging
 import os
@@ -119,8 +118,9 @@ class UploadProcess:
         self._spawn()
 
     def ready(self) -> subprocess.Popen[bytes]:
-        """The child, once it can upload (waits for a booting one's "ready")."""
-        proc = self._spawn()
+        """The child, once it can upload (waits for a booting one's "ready"). One that died
+        since :meth:`start` looked is found by its pipe (a failed attempt, retried)."""
+        proc = self._proc if self._proc is not None and self._proc.returncode is None else self._spawn()
         if self._booting:
             try:
                 _read(proc)
@@ -141,7 +141,7 @@ class UploadProcess:
         proc = self.ready()
         job = {
             "store_id": store_id, "base": manifest.base, "path": str(path), "size": manifest.size,
-            "manifest": asdict(manifest), "index_length": len(index), "keys_length": len(keys),
+            "manifest": vars(manifest), "index_length": len(index), "keys_length": len(keys),
             "pause": between is not None,
         }
         hook_error: BaseException | None = None
@@ -265,15 +265,17 @@ def _upload(objects: ObjectStore, job: dict, index: bytes, keys: bytes, inp: IO[
     manifest = layout.Manifest(**job["manifest"])
     key, tmp, between = layout.segment_key(sid, base), layout.tmp_dir(sid), pause if job["pause"] else None
     digest = hashlib.sha256()
-    with open(job["path"], "rb") as fh:
+    with open(job["path"], "rb", buffering=0) as fh:
         if manifest.inline:  # one object: the segment's bytes, then its index and keys (``layout``)
-            data = fh.read(job["size"])
-            digest.update(data)
+            size = job["size"]
+            body = _read_into(fh, size, len(index) + len(keys))  # one copy of the segment: file to body
+            with memoryview(body) as view:
+                digest.update(view[:size])
             manifest.sha256 = digest.hexdigest()  # of the segment's bytes; then of the whole object
-            body = b"".join((data, index, keys))
+            body[size:] = index + keys
             digest.update(index)
             digest.update(keys)
-            objects.put_complete(key, io.BytesIO(body), len(body), tmp, digest.digest(), between)
+            objects.put_complete(key, body, len(body), tmp, digest.digest(), between)
         else:
             while chunk := fh.read(_CHUNK):
                 digest.update(chunk)
@@ -286,6 +288,20 @@ def _upload(objects: ObjectStore, job: dict, index: bytes, keys: bytes, inp: IO[
             objects.put_small(layout.keys_key(sid, base), keys)
     objects.put_small(layout.manifest_key(sid, base), manifest.encode())
     return manifest.sha256
+
+
+def _read_into(fh: IO[bytes], size: int, spare: int) -> bytearray:
+    """The first ``size`` bytes of the file, read straight into a bytearray ``spare`` bytes longer
+    (the object's body: ``ObjectStore.put_complete`` sends a bytearray in one write)."""
+    body = bytearray(size + spare)
+    with memoryview(body) as view:
+        got = 0
+        while got < size:
+            n = fh.readinto(view[got:size])
+            if not n:
+                raise OSError(f"{fh.name}: {size} bytes expected, {got} read")
+            got += n
+    return body
 
 
 def main() -> None:

@@ -126,20 +126,28 @@ class Uploader:
             self.version += 1
 
     def sealed(self) -> list[MappedFile]:
-        """Segments the writer is done with and a checkpoint covers, not confirmed yet."""
-        files = list(self.store.commitlog.files.files)
+        """Segments the writer is done with and a checkpoint covers, not confirmed yet.
+
+        The checkpoint file is read only when some segment waits: each scan of an idle
+        uploader would otherwise open and read it, and every blocking call there hands
+        the GIL back and forth with the put thread."""
+        waiting = self._waiting()
+        if not waiting:
+            return waiting
         safe = int(read_json(self.store.checkpoint_path, {}).get("safe", 0))
-        with self._lock:
-            done = self.in_tier.keys() | self.expired
-        return [mf for mf in files[:-1] if mf.end <= safe and mf.base not in done]
+        return [mf for mf in waiting if mf.end <= safe]
 
     def backlog(self) -> tuple[int, int]:
         """(segments, bytes) sealed on local disk and not yet confirmed in the tier."""
+        waiting = self._waiting()
+        return len(waiting), sum(mf.size for mf in waiting)
+
+    def _waiting(self) -> list[MappedFile]:
+        """Local segments before the active one not confirmed in the tier (a look-up per local
+        segment, not a copy of every manifest's base: the tier may hold many more)."""
         files = list(self.store.commitlog.files.files)[:-1]
         with self._lock:
-            done = self.in_tier.keys() | self.expired
-        waiting = [mf for mf in files if mf.base not in done]
-        return len(waiting), sum(mf.size for mf in waiting)
+            return [mf for mf in files if mf.base not in self.in_tier and mf.base not in self.expired]
 
     # ------------------------------------------------------------------ the worker
 
