@@ -24,6 +24,8 @@ from typing import Callable, Iterator
 
 import pytest
 
+from spark_fixtures import spark  # noqa: F401 (one SparkSession per test process, see there)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LISTEN_LINE = re.compile(r"^unimq: (?P<door>\w+) listening on \[?(?P<host>[^\]]+?)\]?:(?P<port>\d+)$")
 PORT_FLAGS = (

@@ -50,13 +50,9 @@ def test_sink_batches_and_the_reader_reads_them_whole(unimq_server) -> None:
 
 
 @pytest.mark.skipif(not java_available(), reason="no Java runtime on PATH; Spark cannot start")
-def test_spark_writes_and_reads_a_batch_topic(unimq_server) -> None:
-    from spark_ingest.session import get_spark
-
+def test_spark_writes_and_reads_a_batch_topic(unimq_server, spark) -> None:
     server = unimq_server()
     _create(server, "sk")
-    spark = get_spark("unimq-batch", master="local[2]", conf={"spark.ui.enabled": "false",
-                                                              "spark.sql.shuffle.partitions": "2"})
     df = spark.range(5000).selectExpr("CAST(id AS STRING) AS body")
     df.write.format("unimq").option("endpoint", server.url()).option("topic", "sk").option("batchSize", "500") \
         .mode("append").save()

@@ -4,8 +4,6 @@ option the gaps are data loss, as for any topic. Against a real `unimq up` with 
 
 from __future__ import annotations
 
-import os
-
 import httpx
 import pyarrow as pa
 import pytest
@@ -63,13 +61,8 @@ def test_reader_options_on_a_compacted_topic(compacted) -> None:
 
 
 @pytest.mark.skipif(not java_available(), reason="no Java runtime on PATH; Spark cannot start")
-def test_spark_reads_the_latest_value_per_key(compacted) -> None:
-    from spark_ingest.session import get_spark
-
+def test_spark_reads_the_latest_value_per_key(compacted, spark) -> None:
     server, table = compacted
-    spark = get_spark("unimq-compacted", master="local[2]", conf={"spark.ui.enabled": "false",
-                                                                    "spark.sql.shuffle.partitions": "2"})
-    assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
     df = (spark.read.format("unimq").option("endpoint", server.url()).option("topics", "kv")
           .option("compacted", "latest").load())
     rows = df.selectExpr("keys[0] AS key", "body").collect()

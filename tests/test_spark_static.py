@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
 from core_broker.model import Message  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
 from gateway.context import RequestContext  # noqa: E402
 from gateway.processor_rpc import RemoteProcessor  # noqa: E402
 from spark_ingest.session import java_available  # noqa: E402
@@ -29,14 +29,12 @@ pytestmark = [
 CTX = RequestContext("test", client_id="spark-static")
 
 
-def test_lake_job_reads_on_across_a_remap(tmp_path: Any) -> None:
+def test_lake_job_reads_on_across_a_remap(tmp_path: Any, spark: SparkSession) -> None:
     from spark_ingest.jobs import lake
     from spark_ingest.progress import follow
-    from spark_ingest.session import get_spark
 
     cluster = Cluster(tmp_path / "cluster", brokers=2, gateways=1, lease_s=10.0, heartbeat_s=1.0,
                       extra_broker_args=TEST_STORE_ARGS).start()
-    spark = None
     try:
         endpoint = f"http://127.0.0.1:{cluster.gateways[0].ports['http']}"
         rp = RemoteProcessor(cluster.gateway_rpc())
@@ -50,10 +48,6 @@ def test_lake_job_reads_on_across_a_remap(tmp_path: Any) -> None:
             await send(0, 300)
 
         asyncio.run(prepare())
-        spark = get_spark("unimq-static-tests", master="local[2]", conf={
-            "spark.driver.memory": "1g", "spark.ui.showConsoleProgress": "false", "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC"})
-        assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
         path = tmp_path / "lake"
         argv = ["--endpoint", endpoint, "--topics", "lake-static", "--path", str(path), "--available-now"]
         follow(lake.start(spark, lake.build_parser().parse_args(argv)), "lake", out=io.StringIO(), poll_s=0.5)
@@ -86,6 +80,4 @@ def test_lake_job_reads_on_across_a_remap(tmp_path: Any) -> None:
         assert whole.selectExpr("count(DISTINCT keys[0], queue_id) kq", "count(DISTINCT keys[0]) k").collect()[0] \
             .asDict() == {"kq": 8, "k": 8}
     finally:
-        if spark is not None:
-            spark.stop()
         cluster.stop()

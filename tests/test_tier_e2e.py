@@ -61,22 +61,6 @@ def test_messages_retired_locally_are_read_over_http_from_the_tier(unimq_server,
     assert srv.stop(signal.SIGTERM) == 0, srv.stderr()
 
 
-@pytest.fixture(scope="module")
-def spark():
-    """A local Spark session with the `unimq` source (skipped without pyspark or Java)."""
-    pytest.importorskip("pyarrow")
-    pytest.importorskip("pyspark")
-    from spark_ingest.session import get_spark, java_available
-
-    if not java_available():
-        pytest.skip("no Java runtime on PATH: Spark cannot start")
-    s = get_spark("unimq-tier-tests", master="local[2]", conf={
-        "spark.driver.memory": "1g", "spark.ui.showConsoleProgress": "false", "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC"})
-    yield s
-    s.stop()
-
-
 @pytest.mark.timeout(600)
 def test_spark_reads_a_topic_three_times_the_local_disk_from_the_tier(unimq_server, s3: S3Server, spark) -> None:
     """Issue 17's end to end read: about three times what local retention leaves on disk is sent
