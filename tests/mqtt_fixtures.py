@@ -14,7 +14,8 @@ import queue
 import socket
 import time
 import uuid
-from typing import Any, Callable
+from types import SimpleNamespace
+from typing import Any, AsyncIterator, Callable
 
 import paho.mqtt.client as paho
 import pytest
@@ -311,3 +312,20 @@ async def processor(tmp_path: Any) -> Any:
     p = await in_process_processor(tmp_path)
     yield p
     await p.stop()
+
+
+@pytest.fixture
+async def door(tmp_path: Any) -> AsyncIterator[SimpleNamespace]:
+    """An MQTT door on 127.0.0.1 (port 0) over :func:`in_process_processor`: ``.processor``,
+    ``.port``, ``.broker`` (import it into a test module to use it)."""
+    from adapters.mqtt.broker import MQTTBroker, MQTTConfig
+    from adapters.mqtt.server import MQTTDoor
+
+    p = await in_process_processor(tmp_path)
+    d = MQTTDoor(SimpleNamespace(processor=p, settings=None), MQTTBroker(p, MQTTConfig()), host="127.0.0.1", port=0)
+    _, port = await d.start()
+    try:
+        yield SimpleNamespace(processor=p, port=port, broker=d.broker)
+    finally:
+        await d.stop()
+        await p.stop()

@@ -25,12 +25,41 @@ from typing import Iterator
 import pytest
 
 from core_broker import record
+from core_broker.appender import Appender
+from core_broker.commitlog import CommitLog
 from core_broker.config import FlushMode, StoreConfig
+from core_broker.consume_queue import ConsumeQueue
+from core_broker.index_file import IndexService
 from core_broker.message_store import MessageStore
 from core_broker.model import GetStatus, Message, StoredMessage
 
 SEG = 64 * 1024  # commitlog segment size used by most tests
 CQ_PER_FILE = 64  # consume-queue entries per file: queues roll every 64 messages
+
+
+def make_appender(root: Path, *, segment: int = 1 << 20, max_size: int = 1 << 20, cq_entries: int = 1000,
+                  native: bool = True) -> Appender:
+    """An open Appender over a commitlog, an index and consume queues in ``root``, no store.
+
+    For the tests of the appender itself (test_appender.py, test_record_native.py): what
+    the store adds around it (flush, dispatch threads, recovery) would only hide its bytes.
+    """
+    cl = CommitLog(root / "commitlog", segment)
+    cl.load()
+    index = IndexService(root / "index", 1024, 4096)
+    index.load()
+    cqs: dict[tuple[str, int], ConsumeQueue] = {}
+
+    def factory(topic: str, qid: int) -> ConsumeQueue:
+        cq = cqs.get((topic, qid))
+        if cq is None:
+            cq = cqs[(topic, qid)] = ConsumeQueue(root / "cq", topic, qid, cq_entries)
+        return cq
+
+    a = Appender(cl, index, cqs, factory, max_size, native=native)
+    a.set_store_id("00112233AABBCCDD")
+    a.open = True
+    return a
 
 
 def make_config(data_dir: Path, **overrides) -> StoreConfig:

@@ -13,32 +13,11 @@ import pytest
 
 from core_broker import record
 from core_broker.appender import Appender
-from core_broker.commitlog import CommitLog
-from core_broker.consume_queue import ConsumeQueue
 from core_broker.errors import BadRequestError, MessageTooLargeError, StoreClosedError
-from core_broker.index_file import IndexService
 from core_broker.model import DispatchTarget, Message, PutStatus
+from store_helpers import make_appender
 
 NOW = 1_700_000_000_000
-
-
-def make(root: Path, max_size: int = 1 << 20) -> Appender:
-    cl = CommitLog(root / "commitlog", 1 << 20)
-    cl.load()
-    index = IndexService(root / "index", 1024, 4096)
-    index.load()
-    cqs: dict[tuple[str, int], ConsumeQueue] = {}
-
-    def factory(topic: str, qid: int) -> ConsumeQueue:
-        cq = cqs.get((topic, qid))
-        if cq is None:
-            cq = cqs[(topic, qid)] = ConsumeQueue(root / "cq", topic, qid, 1000)
-        return cq
-
-    a = Appender(cl, index, cqs, factory, max_size)
-    a.set_store_id("00112233AABBCCDD")
-    a.open = True
-    return a
 
 
 MSGS = [
@@ -82,7 +61,7 @@ def stored_bytes(a: Appender, r) -> bytes:
 
 @pytest.mark.parametrize("batch", [False, True])
 def test_both_loops_write_record_encode_bytes(tmp_path: Path, batch: bool) -> None:
-    a = make(tmp_path)
+    a = make_appender(tmp_path)
     rs = a.append_batch(MSGS, NOW) if batch else [a.append_one(m, NOW) for m in MSGS]
     for m, r in zip(MSGS, rs):
         assert r.status == PutStatus.PUT_OK
@@ -99,7 +78,7 @@ def test_both_loops_write_record_encode_bytes(tmp_path: Path, batch: bool) -> No
 
 
 def test_a_link_points_at_its_origin_without_copying_the_body(tmp_path: Path) -> None:
-    a = make(tmp_path)
+    a = make_appender(tmp_path)
     origin = a.append_one(Message("t", b"the body" * 100, queue_id=0, tag="T"), NOW)
     stored = a.commitlog.read(origin.commitlog_offset)
     r = a.append_link(Message("%RETRY%g+t", b"", queue_id=0, tag="T"), stored, origin.commitlog_offset,
@@ -111,7 +90,7 @@ def test_a_link_points_at_its_origin_without_copying_the_body(tmp_path: Path) ->
 
 
 def test_refusals_write_nothing(tmp_path: Path) -> None:
-    a = make(tmp_path, max_size=100)
+    a = make_appender(tmp_path, max_size=100)
     with pytest.raises(MessageTooLargeError):
         a.append_one(Message("t", b"x" * 101, queue_id=0), NOW)
     with pytest.raises(BadRequestError):  # the same queue twice

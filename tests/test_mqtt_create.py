@@ -23,19 +23,17 @@ import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
 from adapters.mqtt import codec as C
-from adapters.mqtt.broker import MQTTBroker, MQTTConfig
-from adapters.mqtt.server import MQTTDoor
 from adapters.mqtt.session_store import KV_SESSIONS
 from core_broker.broker_controller import BrokerController, kv_version
 from core_broker.config import BrokerConfig
 from gateway.context import RequestContext
 from gateway.kv_batch import KvBatcher
-from mqtt_fixtures import RawClient, in_process_processor, processor  # noqa: F401 - the fixture
+from mqtt_fixtures import RawClient, door, processor  # noqa: F401 - the fixtures
 from store_helpers import make_config
 
 pytestmark = pytest.mark.timeout(60)
@@ -82,18 +80,6 @@ async def test_creates_go_in_few_calls_and_a_second_create_of_a_key_is_refused(p
     got = await processor.kv_get_many(CTX, NS, [f"k{i}" for i in range(n)])
     assert got == {f"k{i}": b"there before" if i == 7 else f"v{i}".encode() for i in range(n)}
     assert b.batches == 0  # (no write call)
-
-
-@pytest.fixture
-async def door(tmp_path: Path) -> AsyncIterator[SimpleNamespace]:
-    p = await in_process_processor(tmp_path)
-    d = MQTTDoor(SimpleNamespace(processor=p, settings=None), MQTTBroker(p, MQTTConfig()), host="127.0.0.1", port=0)
-    _, port = await d.start()
-    try:
-        yield SimpleNamespace(processor=p, port=port, broker=d.broker)
-    finally:
-        await d.stop()
-        await p.stop()
 
 
 def _connect(port: int, cid: str) -> tuple[RawClient, C.Connack]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from types import SimpleNamespace
-from typing import AsyncIterator
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
@@ -21,29 +20,12 @@ from paho.mqtt.properties import Properties
 
 from adapters.mqtt.broker import MQTTBroker, MQTTConfig
 from adapters.mqtt.server import MQTTDoor
-from core_broker.config import StoreConfig
 from core_broker.model import GetStatus
 from gateway.context import RequestContext
-from gateway.deployment import merged_processor
-from mqtt_fixtures import Paho
+from mqtt_fixtures import Paho, door  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(60)
 CTX = RequestContext(protocol="test", client_id="model-test")
-
-
-@pytest.fixture
-async def door(tmp_path) -> AsyncIterator[SimpleNamespace]:
-    p = merged_processor(StoreConfig(data_dir=tmp_path, commitlog_segment_size=16 << 20,
-                                     cq_entries_per_file=10_000, index_slots=1000, index_entries_per_file=4000,
-                                     disk_min_free_ratio=0.0, disk_refuse_free_ratio=0.0))
-    await p.start()
-    d = MQTTDoor(SimpleNamespace(processor=p, settings=None), MQTTBroker(p, MQTTConfig()), host="127.0.0.1", port=0)
-    _, port = await d.start()
-    try:
-        yield SimpleNamespace(processor=p, port=port, broker=d.broker)
-    finally:
-        await d.stop()
-        await p.stop()
 
 
 async def athread(fn, *a, **kw):

@@ -20,11 +20,8 @@ import pytest
 from crc32c import crc32c
 
 from core_broker import appender as appender_mod
-from core_broker.appender import Appender
-from core_broker.commitlog import CommitLog
-from core_broker.consume_queue import ConsumeQueue
-from core_broker.index_file import IndexService
 from core_broker.model import DispatchTarget, Message
+from store_helpers import make_appender
 
 NOW = 1_700_000_000_000
 FORCED_OFF = os.environ.get("UNIMQ_NO_NATIVE", "") not in ("", "0")
@@ -40,25 +37,6 @@ def test_the_extension_is_built_where_a_compiler_is() -> None:
     """`pip install -e .` builds it (setup.py, optional=True): a missing .so would silently
     leave every test below comparing Python with Python."""
     assert appender_mod.NATIVE_ENCODE is not None
-
-
-def make(root: Path, native: bool, segment: int, max_size: int, cq_entries: int = 1000) -> Appender:
-    cl = CommitLog(root / "commitlog", segment)
-    cl.load()
-    index = IndexService(root / "index", 1024, 4096)
-    index.load()
-    cqs: dict[tuple[str, int], ConsumeQueue] = {}
-
-    def factory(topic: str, qid: int) -> ConsumeQueue:
-        cq = cqs.get((topic, qid))
-        if cq is None:
-            cq = cqs[(topic, qid)] = ConsumeQueue(root / "cq", topic, qid, cq_entries)
-        return cq
-
-    a = Appender(cl, index, cqs, factory, max_size, native=native)
-    a.set_store_id("00112233AABBCCDD")
-    a.open = True
-    return a
 
 
 def files(root: Path) -> dict[str, bytes]:
@@ -77,7 +55,7 @@ def run_both(tmp_path: Path, batches: list[list[Message]], segment: int = 1 << 2
     out = {}
     for native in (True, False):
         root = tmp_path / ("native" if native else "python")
-        a = make(root, native, segment, max_size, cq_entries)
+        a = make_appender(root, segment=segment, max_size=max_size, cq_entries=cq_entries, native=native)
         outcomes = []
         for b in batches:
             results: list = []
@@ -267,7 +245,7 @@ def test_two_stores_in_two_threads(tmp_path: Path) -> None:
     }  # type: dict[str, list[list]]
 
     def run(name: str, native: bool, out: dict) -> None:
-        a = make(tmp_path / f"{name}-{native}", native, 16 * mib, 4 * mib)
+        a = make_appender(tmp_path / f"{name}-{native}", segment=16 * mib, max_size=4 * mib, native=native)
         out[name] = [a.append_batch(b, NOW) for b in work[name]]
         a.commitlog.close()
         a.index.close()
