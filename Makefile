@@ -28,8 +28,10 @@ DATA_DIR     ?= ./unimq-data
 UNIMQ_ARGS   ?=
 PYTEST_ARGS  ?=
 # Test processes (pytest-xdist); a test file stays on one of them (--dist loadfile: module fixtures
-# such as a started cluster or a Spark session serve the whole file). 0 runs it in the make process.
-PYTEST_WORKERS ?= 2
+# such as a started cluster serve the whole file; one Spark session serves a process). 0 runs it in
+# the make process. 3 on a 2-core machine: much of the suite waits (process starts, failovers,
+# timeouts), so with 2 the cores were busy only ~64% of the time (28.5 min wall, 36.6 min user CPU).
+PYTEST_WORKERS ?= 3
 # Debian packages the test suite needs (real protocol peers such as mosquitto; chromium and
 # its WebDriver for the console's browser tests, tests/test_console_browser.py).
 # Installed with apt-get when running as root and missing; skipped when empty.
