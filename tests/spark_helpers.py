@@ -163,3 +163,11 @@ class Http:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def kill_group(child: subprocess.Popen) -> None:
+    """SIGKILL a child started with ``start_new_session=True`` and its whole process group (a
+    Spark job's JVM with it), by PID, and reap it; nothing when it has already exited."""
+    if child.poll() is None:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)

@@ -20,18 +20,9 @@ import json
 
 import pytest
 
-if __name__ != "__main__":
-    pytest.importorskip("pyarrow")
-    pytest.importorskip("pyspark")
+from spark_fixtures import http, server  # noqa: F401 (fixtures; `spark` comes from conftest)
 
-from spark_ingest.session import java_available  # noqa: E402
-from spark_fixtures import http, server  # noqa: E402,F401 (fixtures; `spark` comes from conftest)
-
-pytestmark = [
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(not java_available(), reason="no Java runtime on PATH (make test installs "
-                       "openjdk-17-jre-headless as root); Spark cannot start"),
-]
+pytestmark = pytest.mark.timeout(900)
 
 
 def test_batch_read_ranges_and_sql(spark, server, http):

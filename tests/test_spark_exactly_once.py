@@ -11,8 +11,6 @@ another worker.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,18 +19,10 @@ from pathlib import Path
 
 import pytest
 
-if __name__ != "__main__":
-    pytest.importorskip("pyarrow")
-    pytest.importorskip("pyspark")
+from spark_fixtures import http, server  # noqa: F401 (fixtures; `spark` comes from conftest)
+from spark_helpers import kill_group
 
-from spark_ingest.session import java_available  # noqa: E402
-from spark_fixtures import http, server  # noqa: E402,F401 (fixtures; `spark` comes from conftest)
-
-pytestmark = [
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(not java_available(), reason="no Java runtime on PATH (make test installs "
-                       "openjdk-17-jre-headless as root); Spark cannot start"),
-]
+pytestmark = pytest.mark.timeout(900)
 
 
 def _child_query(endpoint: str, out: str, checkpoint: str, markers: str) -> None:
@@ -111,12 +101,9 @@ def test_kill_and_restart_is_exactly_once(spark, server, http, tmp_path):
             assert time.monotonic() < deadline, f"no batch in flight: {(tmp_path / 'child.log').read_text()[-3000:]}"
             killed_batch = _in_flight_batch(ck, markers, time.monotonic())
             time.sleep(0.05)
-        os.killpg(child.pid, signal.SIGKILL)  # mid-batch: offsets in the WAL, no commit
-        child.wait(timeout=60)
+        kill_group(child)  # mid-batch: offsets in the WAL, no commit
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait(timeout=60)
+        kill_group(child)
         log.close()
         stop.set()
         feeder.join(timeout=120)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,18 +18,10 @@ from pathlib import Path
 
 import pytest
 
-if __name__ != "__main__":
-    pytest.importorskip("pyarrow")
-    pytest.importorskip("pyspark")
+from spark_fixtures import http, server  # noqa: F401 (fixtures; `spark` comes from conftest)
+from spark_helpers import kill_group
 
-from spark_ingest.session import java_available  # noqa: E402
-from spark_fixtures import http, server  # noqa: E402,F401 (fixtures; `spark` comes from conftest)
-
-pytestmark = [
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(not java_available(), reason="no Java runtime on PATH (make test installs "
-                       "openjdk-17-jre-headless as root); Spark cannot start"),
-]
+pytestmark = pytest.mark.timeout(900)
 
 
 def _feed_state_topic(http, lo: int, hi: int, topic: str = "se-state") -> None:
@@ -144,12 +134,9 @@ def test_stats_job_killed_mid_run_counts_every_message_once(spark, server, http,
                 if seq and seq[0] >= 2:
                     break
                 time.sleep(0.1)
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait(timeout=60)
+        kill_group(child)  # wherever the job is: reading, publishing, between a commit's writes
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait(timeout=60)
+        kill_group(child)
         log.close()
     out = io.StringIO()
     follow(stats.start(spark, stats.build_parser().parse_args([*argv, "--available-now"]), ["temp", "qty"], out=out),
