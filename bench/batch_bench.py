@@ -6,7 +6,9 @@ grpc.aio stubs for gRPC, what the tests use) for a fixed time per mode; msgs/s i
 server acknowledged as stored (async flush) per wall-clock second. Floors (issue 18): batches of
 100 >= 5x single sends of the same door in the same run; >= 1,000,000 msgs/s stored through at
 least one door; the Spark source reading a batch topic >= 0.8x ``spark.read.parquet`` of the same
-rows (``local[2]``, each read is a ``noop`` write, median of 3 rounds; the topic loaded with
+rows (``local[2]``, each read is a ``noop`` write; 2 untimed warm-up reads per side, then 5 rounds
+in alternating order, a JVM GC before each, each side's rate at the median of its rounds, CPU per
+process group beside it: ``bench/spark_rounds.py``; the topic loaded with
 packed batches of 1,000 small JSON bodies without properties, the parquet written from it by
 Spark, neither timed). "Packed" rows: the producer packs a batch once (``gateway/batch_codec.py``)
 and posts it as ``application/vnd.unimq.batch``, which the server checks and stores as it came.
@@ -28,6 +30,7 @@ import httpx
 from . import Context, Row, fmt_int
 from .http_bench import UNIMQ_CONFIG, REPO, _wait_line, stop
 from .procs import free_port
+from .spark_rounds import timed_reads
 
 NAME = "batch"
 TITLE = "Batch topics (100 B messages one per request vs batches, HTTP and gRPC)"
@@ -35,6 +38,8 @@ TIMED = __doc__
 
 SECONDS = 3.0
 SENDERS = 4
+ROUNDS = 5  # timed Spark reads per side (median), after WARMUP untimed ones: see bench/spark_rounds.py
+WARMUP = 2
 BODY = b"x" * 100
 BATCH_JSON = "application/vnd.unimq.batch+json"
 BATCH_PACKED = "application/vnd.unimq.batch"
@@ -112,10 +117,8 @@ async def _grpc(port: int, n: int, seconds: float) -> float:
     return done[0] / (time.perf_counter() - t0)
 
 
-def _spark(ctx: Context, http_port: int) -> list[Row]:
+def _spark(ctx: Context, http_port: int, server_pid: int) -> list[Row]:
     """The Spark source reading a batch topic beside spark.read.parquet of the same rows."""
-    import statistics
-
     from core_broker.model import Message
     from gateway.batch_codec import pack
     from spark_ingest.session import get_spark, java_available
@@ -123,7 +126,7 @@ def _spark(ctx: Context, http_port: int) -> list[Row]:
     if not java_available():
         return [Row("batch", "Spark source on a batch topic (skipped: no Java runtime)")]
     n = 200_000 if ctx.quick else 1_000_000
-    rounds = 1 if ctx.quick else 3
+    rounds, warmup = (1, 1) if ctx.quick else (ROUNDS, WARMUP)
     base = f"http://127.0.0.1:{http_port}"
     with httpx.Client(base_url=base, timeout=120) as c:
         c.post("/v1/topics", json={"name": "bsp", "queues": 4, "attributes": {"batch": "true"}}).raise_for_status()
@@ -141,22 +144,19 @@ def _spark(ctx: Context, http_port: int) -> list[Row]:
         counts = {k: f().count() for k, f in paths.items()}
         if set(counts.values()) != {n}:
             raise RuntimeError(f"row counts differ: {counts} (expected {n})")
-        times: dict[str, list[float]] = {k: [] for k in paths}
-        for _ in range(rounds):
-            for k, f in paths.items():
-                t = time.perf_counter()
-                f().write.format("noop").mode("overwrite").save()
-                times[k].append(time.perf_counter() - t)
+        res = timed_reads(spark, paths, n, rounds, warmup, server_pid)
     finally:
         spark.stop()
-    rate = {k: n / statistics.median(v) for k, v in times.items()}
+    rate = {k: res.rate(k) for k in paths}
     ratio = rate["unimq"] / rate["parquet"]
-    runs = {k: " / ".join(f"{n / t:,.0f}" for t in v) for k, v in times.items()}
     return [
         Row("batch", f"Spark source, batch topic, {n:,} rows in records of 1,000 (rows/s)", rate["unimq"],
             peer=f"parquet {fmt_int(rate['parquet'])} rows/s", ratio=f"{ratio:.2f}x", floor=">= 0.8x parquet",
-            meets=ratio >= 0.8, note=f"runs {runs['unimq']} rows/s"),
-        Row("batch", "spark.read.parquet of the same rows (peer)", rate["parquet"], note=f"runs {runs['parquet']} rows/s"),
+            meets=ratio >= 0.8,
+            note=f"runs {res.runs('unimq')} rows/s (round by round {res.round_ratios('unimq', 'parquet')} of "
+                 f"parquet); CPU per read (median): {res.cpu_note('unimq')}"),
+        Row("batch", "spark.read.parquet of the same rows (peer)", rate["parquet"],
+            note=f"runs {res.runs('parquet')} rows/s; CPU per read (median): {res.cpu_note('parquet')}"),
     ]
 
 
@@ -197,7 +197,7 @@ def run(ctx: Context) -> list[Row]:
             best = max(best, rate)
             rows.append(Row("batch", f"HTTP: 100 B, packed batches of {n:,}", rate))
         rows.append(Row("batch", "best door, stored msgs/s", best, floor=">= 1,000,000 msgs/s", meets=best >= 1e6))
-        rows += _spark(ctx, http_port)
+        rows += _spark(ctx, http_port, proc.pid)
     finally:
         stop(proc)
     return rows

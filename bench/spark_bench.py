@@ -3,8 +3,10 @@
 What is timed: one SparkSession (``local[2]``, the same for all three), each
 read is ``<read>.write.format("noop").mode("overwrite").save()`` (every row
 and column materialised, nothing written), wall clock around that call,
-median of 3 rounds (1 with --quick) taken round-robin so the three paths share
-the machine's load conditions. The unimq rows include the whole path: the
+2 untimed warm-up reads per path, then 5 rounds (1 and 1 with --quick) in
+alternating order with a JVM GC before each read; each path's rate is at the
+median of its own rounds (``bench/spark_rounds.py``), with CPU per process
+group (JVM, Python workers, unimq server) in the notes. The unimq rows include the whole path: the
 HTTP door pulling by offset (Arrow pages built from raw commitlog records),
 the transfer, and Spark's Python data source workers.
 
@@ -32,12 +34,15 @@ import time
 from pathlib import Path
 
 from . import Context, Row
+from .spark_rounds import timed_reads
 
 NAME = "spark"
 TITLE = "Spark: the unimq source vs spark.read.json / parquet"
 TOPIC = "spark-bench"
 QUEUES = 4
 FLOOR = 0.8
+ROUNDS = 5  # timed reads per path (median) after WARMUP untimed ones, same rule for all: bench/spark_rounds.py
+WARMUP = 2
 
 # Segments sized for the run and the disk guards off: on a nearly full shared disk, retention
 # would otherwise delete the data set in the middle of the measurement.
@@ -127,7 +132,7 @@ def run(ctx: Context) -> list[Row]:
     if not java_available():
         return [Row(NAME, "unimq source (skipped: no Java runtime)", note="install openjdk-17-jre-headless")]
     n = 100_000 if ctx.quick else 1_000_000
-    rounds = 1 if ctx.quick else 3
+    rounds, warmup = (1, 1) if ctx.quick else (ROUNDS, WARMUP)
     scratch = ctx.scratch("spark")
     proc, port = _start_unimq(scratch)
     spark = None
@@ -151,15 +156,10 @@ def run(ctx: Context) -> list[Row]:
             "json": lambda: spark.read.schema(JSON_SCHEMA).json(str(scratch / "json")),
             "parquet": lambda: spark.read.parquet(str(scratch / "parquet")),
         }
-        counts = {k: f().count() for k, f in paths.items()}  # warm-up: workers started, files cached
+        counts = {k: f().count() for k, f in paths.items()}  # workers started, files cached
         if len(set(counts.values())) != 1 or counts["unimq"] != n:
             raise RuntimeError(f"row counts differ: {counts} (expected {n})")
-        times: dict[str, list[float]] = {k: [] for k in paths}
-        for _ in range(rounds):
-            for k, f in paths.items():
-                t = time.perf_counter()
-                f().write.format("noop").mode("overwrite").save()
-                times[k].append(time.perf_counter() - t)
+        res = timed_reads(spark, paths, n, rounds, warmup, proc.pid)
     finally:
         if spark is not None:
             spark.stop()
@@ -169,10 +169,10 @@ def run(ctx: Context) -> list[Row]:
         except subprocess.TimeoutExpired:
             proc.kill()
         shutil.rmtree(scratch, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    rate = {k: n / med[k] for k in med}
+    med = {k: statistics.median(v) for k, v in res.times.items()}
+    rate = {k: res.rate(k) for k in med}
     ratio = rate["unimq"] / rate["json"]
-    runs = {k: " / ".join(f"{n / t:,.0f}" for t in v) for k, v in times.items()}
+    runs = {k: f"{res.runs(k)}; CPU per read (median): {res.cpu_note(k)}" for k in med}
     ctx.notes.append(
         f"spark: {n:,} messages loaded in {load_s:.0f} s (CloudEvents batches, not timed); files written from "
         f"the topic in {prep_s:.0f} s: NDJSON {json_mb:,.0f} MB, Parquet {pq_mb:,.0f} MB; load average "
@@ -181,11 +181,11 @@ def run(ctx: Context) -> list[Row]:
     return [
         Row(NAME, f"unimq source, {n:,} JSON messages, {QUEUES} queues (rows/s)", rate["unimq"], None,
             peer=f"spark.read.json {rate['json']:,.0f} rows/s", ratio=f"{ratio:.2f}x",
-            floor=f">= {FLOOR}x spark.read.json", meets=ratio >= FLOOR, note=f"runs {runs['unimq']} rows/s"),
+            floor=f">= {FLOOR}x spark.read.json", meets=ratio >= FLOOR, note=f"runs {runs['unimq']} (round by round {res.round_ratios('unimq', 'json')} of json)"),
         Row(NAME, "spark.read.json of the same rows, explicit schema (peer)", rate["json"], json_mb / med["json"],
-            note=f"runs {runs['json']} rows/s"),
+            note=f"runs {runs['json']}"),
         Row(NAME, "spark.read.parquet of the same rows (info)", rate["parquet"], pq_mb / med["parquet"],
-            ratio=f"unimq {rate['unimq'] / rate['parquet']:.2f}x", note=f"runs {runs['parquet']} rows/s"),
+            ratio=f"unimq {rate['unimq'] / rate['parquet']:.2f}x", note=f"runs {runs['parquet']}"),
     ]
 
 
