@@ -91,6 +91,9 @@ WATCH_S = 2.0  # a watch call's long poll on a broker
 NAMESPACES = [KV_SESSIONS, KV_RETAINED]
 NOTE_TRIES = 4  # a note sent to a broker that does not answer is sent again, this often at most
 MAX_HOPS = 3  # a note passed on from a gateway that no longer holds the session, at most this often
+# "h" of a claim's record: the owner it names waits for a release (a gateway that took a session
+# as stored writes "h" 0, and an offline holder lets it go without a write: Fleet._let_go)
+CLAIM = -1
 _SCAN = json.JSONDecoder().scan_once  # the json module's C scanner
 
 
@@ -255,11 +258,13 @@ class Fleet:
                 self.broker.session_store.save_soon(s)
             return
         if s is not None and self.owns(s):
-            if self._yields(s, owner, epoch, online):
-                self.broker.spawn(self._release(s, owner, epoch))
-            else:  # the record others route by must name this gateway again
+            if not self._yields(s, owner, epoch, online):  # the record others route by must name it again
                 s.epoch = max(s.epoch, epoch) + 1
                 self.broker.session_store.save_soon(s)
+            elif s.conn is None and handed != CLAIM:
+                self._let_go(s, key, d, online)
+            else:
+                self.broker.spawn(self._release(s, owner, epoch))
             return
         self._copy(key, d, online)
 
@@ -365,6 +370,16 @@ class Fleet:
     def owns(self, s: Session | Copy) -> bool:
         return s.owner is None or s.owner == self.gid
 
+    def _let_go(self, s: Session, cid: str, d: Any, online: bool) -> None:
+        """``s``, held here offline, was taken by the gateway ``d`` names from its stored record
+        (not a claim: that gateway waits for no release). Nothing is written: the record it read
+        was this one's last (an offline session's floors are committed before its record says
+        offline, and nothing changes it offline); a release would only make the new owner
+        write its record once more (in a reconnect storm, two writes per device that moved)."""
+        self.broker.wills.cancel(s)  # the session goes on at the new owner: a delayed will is not due
+        self.broker.drop_copy(s)
+        self._copy(cid, d, online)  # kept as a routing copy of the new owner's
+
     async def _release(self, s: Session, owner: str, epoch: int) -> None:
         """Another gateway claimed ``s``: close its connection here and hand its state over."""
         b = self.broker
@@ -418,7 +433,7 @@ class Fleet:
             return
         epoch += 1
         if owner is not None and owner != self.gid and online and self.alive(owner):
-            d["o"], d["g"], d["h"] = self.gid, epoch, 0
+            d["o"], d["g"], d["h"] = self.gid, epoch, CLAIM
             f: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
             self._claims[(cid, epoch)] = f
             try:
@@ -436,7 +451,8 @@ class Fleet:
             return
         s.owner, s.epoch, s.online = self.gid, epoch, False
         self.takeovers += 1
-        await b.adopt_owned(s, await self._feed().door_brokers())
+        # the brokers (a nameserver call) only for a subscription's lanes: not per device that moved
+        await b.adopt_owned(s, await self._feed().door_brokers() if s.subs else [])
 
     def new_owner(self, s: Session) -> None:
         """``s`` is attached here: its record names this gateway from now on."""
