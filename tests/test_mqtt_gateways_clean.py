@@ -98,8 +98,8 @@ def test_clean_subscriber_gets_another_gateways_qos0_and_qos1_in_order_once(clus
 
 
 def test_qos0_reaches_a_persistent_session_on_the_other_gateway_once(cluster: Cluster) -> None:
-    """A persistent session's QoS 0 deliveries come from the tail; its QoS 1 ones through its
-    queue (the publishing gateway's routing copy) -- each once."""
+    """A persistent session's QoS 0 subscription's deliveries come from the tail; its QoS 1 one's
+    through its queue (the publishing gateway's routing copy), a QoS 0 publish too -- each once."""
     a, b = cluster.gateways
     sub = Paho(_port(a), "pers-" + uuid.uuid4().hex[:6], v5=True, clean=False, session_expiry=NEVER)
     sub.subscribe("persq/#", qos=1)
@@ -107,13 +107,50 @@ def test_qos0_reaches_a_persistent_session_on_the_other_gateway_once(cluster: Cl
     pub = Paho(_port(b))
     _reaches(pub, sub, "persz/probe")
     pub.publish("persq/x", b"q1", qos=1)  # queue path
-    pub.publish("persq/x", b"q0", qos=0)  # QoS 0: tail
+    pub.publish("persq/x", b"q0", qos=0)  # QoS 0 to a QoS 1 subscription: its queue too
     pub.publish("persz/x", b"z1", qos=1)  # downgraded to the subscription's 0: tail
     got = sorted((m.payload, m.qos) for m in sub.get_n(3))
     assert got == [(b"q0", 0), (b"q1", 1), (b"z1", 0)]
     sub.nothing(1.5)
     sub.disconnect()
     pub.disconnect()
+
+
+def test_qos0_reaches_a_persistent_qos1_subscription_on_the_other_gateway_through_its_queue(
+        cluster: Cluster) -> None:
+    """A persistent session with only QoS 1 subscriptions makes its gateway tail nothing (every
+    gateway's routing copy of it puts each message in its queue, QoS 0 too): QoS 0 publishes at
+    the other gateway still reach it, at QoS 0, each once, beside the QoS 1 ones."""
+    a, b = cluster.gateways
+    sub = Paho(_port(a), "personly-" + uuid.uuid4().hex[:6], v5=True, clean=False, session_expiry=NEVER)
+    sub.subscribe("personly/#", qos=1)
+    pub = Paho(_port(b))
+    _reaches(pub, sub, "personly/probe")  # (QoS 0 probes: once b's copy says online at a)
+    sent = []
+    for i in range(30):
+        body = f"p-{i}".encode()
+        pub.publish(f"personly/dev/{i % 3}", body, qos=i % 2)
+        sent.append((body, i % 2))
+    got = sub.get_n(len(sent))
+    assert sorted((m.payload, m.qos) for m in got) == sorted(sent)  # QoS as published (under the sub's 1)
+    sub.nothing(1.5)  # none twice
+    # the same through a clean subscriber's demand beside it: the tail now reads the topic at a,
+    # and still leaves the persistent session's messages to its queue
+    clean = Paho(_port(a), "personly-clean-" + uuid.uuid4().hex[:6])
+    clean.subscribe("personly/#", qos=0)
+    _reaches(pub, clean, "personly/probe2")
+    while True:  # the probes reached the persistent session too
+        try:
+            sub.get(timeout=1.5)
+        except AssertionError:
+            break
+    pub.publish("personly/dev/9", b"both", qos=0)
+    assert clean.get().payload == b"both"
+    m = sub.get()
+    assert (m.payload, m.qos) == (b"both", 0)
+    sub.nothing(1.5)
+    for c in (sub, pub, clean):
+        c.disconnect()
 
 
 def test_shared_group_across_two_gateways_gets_each_message_once(cluster: Cluster) -> None:

@@ -128,6 +128,7 @@ class MQTTBroker:
         self.xroute = CrossDoorRouter(self)  # what other doors send on MQTT topics
         self.session_store.gid = self.fleet.gid if self.fleet.enabled else None
         if self.fleet.enabled:  # the feed does not bring this gateway's own record writes back
+            self.routing.here = self.fleet.gid
             self.session_store.batch.writer = self.fleet.gid
             self.delivery.save_lanes = False  # a new owner reads every broker's lanes (adopt_owned)
 
@@ -418,8 +419,9 @@ class MQTTBroker:
         fast: list[tuple[Outgoing, tuple[Subscription, ...]]] = []
         wake: set[Session] = set()
         wake_groups: set[SharedGroup] = set()
-        # per message: its plan (its QoS 1/2 subscriptions, in extra_dispatch order) and outbound form
+        # per message: its plan, its QoS 1/2 subscriptions (in extra_dispatch order), outbound form
         plans: list[Plan] = []
+        lanes: list[tuple[Subscription | None, ...]] = []
         outs: list[Outgoing | None] = []
         routing, plan_cache, retained = self.routing, self.routing.plans, False
         last_topic, last_qos, gen, plan = None, -1, -1, None
@@ -437,6 +439,8 @@ class MQTTBroker:
                 last_topic, last_qos = topic, qos
                 plain = None  # (and the plan's fields, read once per run:)
                 ut, tb, targets, direct, lmq_subs = plan.ut, plan.tb, plan.targets, plan.direct, plan.lmq_subs
+                if plan.remote0:
+                    targets, lmq_subs = plan.with_remote0(self.fleet.alive)
                 if plan.wake_groups:
                     wake_groups.update(plan.wake_groups)
             iprops = it.properties
@@ -465,6 +469,7 @@ class MQTTBroker:
                 if direct:
                     fast.append((out, direct))
             plans.append(plan)
+            lanes.append(lmq_subs)
             outs.append(out)
         codes: list[int]
         delivery = self.delivery
@@ -475,8 +480,7 @@ class MQTTBroker:
             if delivery.tracer.on:
                 trace_mark_sent(results, outs)
             codes = [0 if p.matched else C.RC_NO_MATCHING_SUBSCRIBERS for p in plans]
-            for res, plan, out in zip(results, plans, outs):
-                subs_ = plan.lmq_subs
+            for res, subs_, out in zip(results, lanes, outs):
                 if not subs_:
                     continue
                 # our targets come first in extra_dispatch (other doors' routers append theirs)

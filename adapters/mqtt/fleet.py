@@ -34,7 +34,11 @@ How (README "MQTT door", "Several gateways"):
   waited for.
 - A gateway storing a message into the queue of a session another live gateway
   owns leaves that gateway a *note* on the broker that stored it (lane name);
-  the owner reads the lane at once.
+  the owner reads the lane at once. A QoS 0 publish matching a subscription with a
+  queue of a session online at another live gateway (as this gateway's copy says)
+  goes the same way, and the lane delivers it at QoS 0: the owner's tail does not
+  read what such subscriptions want (tail.py), so each gateway reads back only what
+  its clean sessions and QoS 0 subscriptions need.
 
 The guarantee (issue 21): a message acknowledged for a persistent session connected
 at a live gateway is delivered promptly, never left for the next reconnect. Notes
@@ -58,7 +62,7 @@ are how; what keeps them from being lost:
 A gateway that died gets no notes: its sessions wait in the store for their next
 CONNECT anywhere, which reads every lane from its committed floor.
 
-Clean (non-persistent) sessions and QoS 0 deliveries across gateways: tail.py;
+Clean (non-persistent) sessions and QoS 0 subscriptions across gateways: tail.py;
 shared subscriptions' groups: fleet_share.py.
 """
 

@@ -64,11 +64,12 @@ class SharedGroup:
 class Plan:
     """Where one PUBLISH goes (see :meth:`Routing.plan`)."""
 
-    __slots__ = ("ut", "tb", "targets", "lmq_subs", "direct", "wake_groups", "matched", "cacheable")
+    __slots__ = ("ut", "tb", "targets", "lmq_subs", "direct", "wake_groups", "matched", "cacheable", "remote0")
 
     def __init__(self, ut: str, tb: bytes, targets: tuple[DispatchTarget, ...],
                  lmq_subs: tuple[Subscription | None, ...], direct: tuple[Subscription, ...],
-                 wake_groups: tuple[SharedGroup, ...], matched: bool, cacheable: bool = True) -> None:
+                 wake_groups: tuple[SharedGroup, ...], matched: bool, cacheable: bool = True,
+                 remote0: tuple[Subscription, ...] = ()) -> None:
         self.ut = ut  # unified topic
         self.tb = tb  # the MQTT topic, encoded
         self.targets = targets  # the LMQs, in the order of lmq_subs
@@ -79,6 +80,21 @@ class Plan:
         # the same for every PUBLISH of its topic and QoS (no shared group's round robin, no
         # no-local subscription): reusable while the subscriptions do not change
         self.cacheable = cacheable
+        # QoS 0 deliveries to subscriptions with a queue of sessions another gateway holds: each
+        # goes into that queue, with a note to the owner, while the session is online there
+        # (decided per publish batch, not here: a copy goes online and offline without the plans
+        # being dropped); its gateway's tail does not read them (tail.py)
+        self.remote0 = remote0
+
+    def with_remote0(self, alive: Callable[[str], bool]) -> tuple[tuple[DispatchTarget, ...],
+                                                                  tuple[Subscription | None, ...]]:
+        """The targets and queued subscriptions of one publish batch's run of this plan, with its
+        QoS 0 deliveries to sessions online at another live gateway (``alive``) added: into their
+        queues, each with a note to its owner. Offline there, QoS 0 is not kept for them."""
+        more = tuple(sub for sub in self.remote0 if sub.session.online and alive(sub.session.owner))  # type: ignore[arg-type]
+        if not more:
+            return self.targets, self.lmq_subs
+        return self.targets + tuple(DispatchTarget(sub.lmq, 0) for sub in more), self.lmq_subs + more  # type: ignore[arg-type]
 
 
 class Routing:
@@ -96,6 +112,9 @@ class Routing:
         # several gateways: groups whose filter names a first level are served fleet-wide from
         # the store topic (fleet_share.py), not by this gateway's dispatch
         self.fleet_groups = False
+        # several gateways: this gateway's id (a subscription of a session with another owner is
+        # a routing copy's, fleet.py)
+        self.here: str | None = None
 
     # -- the index
 
@@ -193,9 +212,11 @@ class Routing:
         targets: list[DispatchTarget] = []
         lmq_subs: list[Subscription | None] = []
         direct: list[Subscription] = []
+        remote0: list[Subscription] = []
         wake_groups: list[SharedGroup] = []
         cacheable = not groups
         access = self.access if self.access.enforced else None
+        here = self.here
         for sub in subs:
             if access is not None and not access.can_read(sub.session, topic):
                 continue
@@ -205,7 +226,11 @@ class Routing:
                     continue
             q = sub.qos if sub.qos < qos else qos
             if q == 0:
-                direct.append(sub)
+                owner = sub.session.owner
+                if owner is not None and owner != here and here is not None and sub.lmq and sub.lmq_ready:
+                    remote0.append(sub)
+                else:
+                    direct.append(sub)
                 continue
             lmq = sub.lmq
             if lmq is None:  # pragma: no cover - QoS>0 subscriptions always have one
@@ -229,7 +254,7 @@ class Routing:
             g.pending += 1
             wake_groups.append(g)
         plan = Plan(self.unified(topic), topic.encode(), tuple(targets), tuple(lmq_subs), tuple(direct),
-                    tuple(wake_groups), bool(subs or groups), cacheable)
+                    tuple(wake_groups), bool(subs or groups), cacheable, tuple(remote0))
         if cacheable and gen == self.gen:
             if len(self.plans) > 20000:
                 self.plans.clear()

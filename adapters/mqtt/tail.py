@@ -19,8 +19,13 @@ What is delivered from the tail, to subscriptions of sessions connected here:
   gateways; an unstamped message, or one of this gateway's, was routed here already;
 - to a clean session, at the subscription's QoS (downgraded to the message's), from
   memory (as a retained message is: a clean session keeps nothing past its connection);
-  to a persistent session only what would be QoS 0: its QoS 1/2 deliveries went into
-  its queue through the publishing gateway's routing copy;
+  to a persistent session only for its subscriptions without a queue (QoS 0 ones): one
+  with a queue (QoS 1/2) gets every message through it, QoS 0 publishes too -- the
+  publishing gateway's routing copy of the session, online here, puts them in the
+  queue and leaves a note (fleet.py), and the lane delivers them at QoS 0. So such
+  subscriptions make no demand: a fleet of persistent QoS 1 devices has every gateway
+  read back nothing it would not deliver (issue 21: it read every message back and
+  matched it, to find only subscriptions served by their queues);
 - with the usual matching, read rights, no-local and retain-as-published rules;
 - per origin gateway in its sequence order: what the tail reads from several queues and
   brokers is put back in the order the origin stored it, waiting up to :data:`GAP_S`
@@ -56,7 +61,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("unimq.mqtt")
 
-__all__ = ["Tail", "GAP_S", "MAX_HELD"]
+__all__ = ["Tail", "GAP_S", "MAX_HELD", "tailed"]
 
 GAP_S = 0.5  # how long a missing sequence number (or an origin's first message) is waited for
 MAX_HELD = 10_000  # messages waiting per origin and store topic; past it they go out as they are
@@ -65,6 +70,14 @@ BATCH = 128  # messages per pull
 LIST_S = 5.0  # wildcard demand: how often the store topics are listed
 CHECK_S = 1.0  # how often the manager looks at the fleet (other gateways alive?) and routes
 MAX_SEQ_TOPICS = 100_000  # store topics with a stamp counter; past it the counters start a new epoch
+
+def tailed(s: Session, sub: Subscription) -> bool:
+    """Is what other gateways store for ``sub`` (of ``s``, connected here) read from the tail?
+    Not a shared group's (fleet_share.py), nor one with a queue of a persistent session: every
+    gateway's routing copy of the session puts each message for it in that queue, QoS 0 too
+    (``Routing.plan``'s ``remote0``)."""
+    return not sub.group and not (sub.lmq and s.persistent)
+
 
 class _Order:
     """One origin's messages in one store topic, put back in the origin's sequence."""
@@ -171,7 +184,8 @@ class Tail:
         self.fleet = broker.fleet
         self.several = False  # other live gateways in the fleet: stamp publishes, run tails
         self.demand: dict[str, int] = {}  # store topic (or WILD) -> subscriptions of sessions connected here
-        self._held: dict[Session, list[str]] = {}  # session connected here -> its demand keys
+        # session connected here -> filter -> its demand key (what each subscription added)
+        self._held: dict[Session, dict[str, str]] = {}
         self._since: dict[Session, int] = {}  # session connected here -> when (ms)
         self._kicks: list[list[object]] = []  # CONNECTs here not yet told to the other gateways
         self._brokers: list[str] = []  # the brokers the fleet's notes go through
@@ -269,13 +283,18 @@ class Tail:
         if several:
             for s in self.broker.sessions.values():
                 if s.conn is not None:
-                    keys = self._held[s] = [demand_key(sub.filter) for sub in s.subs.values() if not sub.group]
-                    for k in keys:
+                    keys = self._held[s] = self._keys(s, s.subs.values())
+                    for k in keys.values():
                         self.demand[k] = self.demand.get(k, 0) + 1
                     self._since[s] = 0  # connected before any CONNECT another gateway tells of now
             if self.demand.get(WILD):
                 self._wild_since = now_ms()
                 self._listed = 0.0
+
+    @staticmethod
+    def _keys(s: Session, subs: Iterable[Subscription]) -> dict[str, str]:
+        """The demand of ``s``'s subscriptions ``subs``: filter -> store topic (see :func:`tailed`)."""
+        return {sub.filter: demand_key(sub.filter) for sub in subs if tailed(s, sub)}
 
     def _wanted(self, topic: str) -> bool:
         return self.demand.get(topic, 0) > 0 or (self.demand.get(WILD, 0) > 0 and topic in self._wild)
@@ -289,8 +308,8 @@ class Tail:
             return  # (counted when the fleet becomes several: _recount)
         self._since[s] = now_ms()
         self._kick(s.client_id)
-        keys = self._held[s] = [demand_key(sub.filter) for sub in s.subs.values() if not sub.group]
-        for k in keys:
+        keys = self._held[s] = self._keys(s, s.subs.values())
+        for k in keys.values():
             self._want(k)
         self._groups(s.subs.values())
 
@@ -299,13 +318,10 @@ class Tail:
         end (before the SUBACK: a message another gateway stores after it reaches them)."""
         if not self.several:
             return
-        keys = self._held.setdefault(s, [])
+        keys = self._held.setdefault(s, {})
         waits = self._groups(subs)
-        for sub in subs:
-            if sub.group:
-                continue
-            k = demand_key(sub.filter)
-            keys.append(k)
+        for f, k in self._keys(s, subs).items():
+            keys[f] = k
             w = self._want(k)
             if w is not None:
                 waits.append(w)
@@ -325,17 +341,14 @@ class Tail:
 
     def unsubscribed(self, s: Session, sub: Subscription) -> None:
         keys = self._held.get(s)
-        if keys is None or sub.group:
-            return
-        k = demand_key(sub.filter)
-        if k in keys:
-            keys.remove(k)
+        k = keys.pop(sub.filter, None) if keys is not None and not sub.group else None
+        if k is not None:
             self._unwant(k)
 
     def detach(self, s: Session) -> None:
         """``s`` is no longer connected here."""
         self._since.pop(s, None)
-        for k in self._held.pop(s, ()):
+        for k in self._held.pop(s, {}).values():
             self._unwant(k)
 
     def _want(self, k: str) -> asyncio.Future[None] | None:
@@ -489,9 +502,9 @@ class Tail:
                 out = outgoing_from_stored(props, m.body, m.topic)
                 if out.expired(now_ms()):
                     return
+            if sub.lmq and s.persistent:
+                continue  # through its queue: the publishing gateway routed it by its copy
             q = sub.qos if sub.qos < out.qos else out.qos
-            if q and s.persistent:
-                continue  # in its queue already: the publishing gateway routed it by its copy
             if sub.no_local and publisher == s.client_id:
                 continue
             if access.enforced and not access.can_read(s, topic):

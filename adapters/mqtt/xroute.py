@@ -66,14 +66,17 @@ class CrossDoorRouter:
         lmq_subs: list[tuple[Subscription, DispatchTarget]] = []
         direct: list[Subscription] = []
         access = b.access if b.access.enforced else None
+        fleet = b.fleet
         for sub in subs:
             if access is not None and not access.can_read(sub.session, topic):
                 continue
             q = sub.qos if sub.qos < out.qos else out.qos
-            if q == 0 or not sub.lmq or not sub.lmq_ready:
+            if not sub.lmq or not sub.lmq_ready or (q == 0 and not fleet.remote(sub.session)):
                 if sub.session.conn is not None:
                     direct.append(sub)
                 continue
+            if q == 0 and not fleet.alive(sub.session.owner):  # type: ignore[arg-type]
+                continue  # (QoS 0 to a session online at another gateway: into its queue, as publish)
             t = DispatchTarget(sub.lmq, 0)
             targets.append(t)
             lmq_subs.append((sub, t))
