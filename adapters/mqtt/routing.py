@@ -173,11 +173,23 @@ class Routing:
     def match(self, topic: str) -> tuple[list[Subscription], list[SharedGroup]]:
         """The subscriptions matching ``topic`` (one per session: the highest QoS) and shared groups."""
         r = self._cache.get(topic)
-        if r is not None:
-            return r
+        if r is None:
+            r = self._match(topic)
+            self._keep(topic, r)
+        return r
+
+    def _keep(self, topic: str, r: tuple[list[Subscription], list[SharedGroup]]) -> None:
+        if len(self._cache) > 20000:
+            self._cache.clear()
+        self._cache[topic] = r
+
+    def _match(self, topic: str) -> tuple[list[Subscription], list[SharedGroup]]:
+        entries = self.trie.match(topic)
+        if len(entries) == 1 and not isinstance(entries[0], SharedGroup):
+            return entries, []  # (a device's own topic: one subscription, nothing to choose)
         best: dict[str, Subscription] = {}
         groups: list[SharedGroup] = []
-        for e in self.trie.match(topic):
+        for e in entries:
             if isinstance(e, SharedGroup):
                 if not self.fleet_groups or e.filter[0] in "+#$":
                     groups.append(e)
@@ -186,18 +198,17 @@ class Routing:
             cur = best.get(cid)
             if cur is None or e.qos > cur.qos or (e.qos == cur.qos and e.lmq and not cur.lmq):
                 best[cid] = e
-        r = (list(best.values()), groups)
-        if len(self._cache) > 20000:
-            self._cache.clear()
-        self._cache[topic] = r
-        return r
+        return list(best.values()), groups
 
     def unified(self, topic: str) -> str:
-        ut = self._unified.get(topic)
+        """The store topic of ``topic``: its first level's (cached per first level, so a fleet's
+        one topic per device costs no entry of its own)."""
+        first = topic.partition("/")[0]
+        ut = self._unified.get(first)
         if ut is None:
             if len(self._unified) > 50_000:
                 self._unified.clear()
-            ut = self._unified[topic] = unified_topic(topic)
+            ut = self._unified[first] = unified_topic(first)
         return ut
 
     async def plan(self, topic: str, qos: int, publisher: str) -> Plan:
@@ -208,7 +219,10 @@ class Routing:
         and pending count move per message; no no-local subscriptions).
         """
         gen = self.gen
-        subs, groups = self.match(topic)
+        # (the match is kept for the tail and other doors only when the plan is not: a cached
+        # plan answers for its topic, and a fleet's first messages each bring a new topic)
+        matched = self._cache.get(topic)
+        subs, groups = matched if matched is not None else self._match(topic)
         targets: list[DispatchTarget] = []
         lmq_subs: list[Subscription | None] = []
         direct: list[Subscription] = []
@@ -259,6 +273,8 @@ class Routing:
             if len(self.plans) > 20000:
                 self.plans.clear()
             self.plans[(topic, qos)] = plan
+        elif matched is None and gen == self.gen:
+            self._keep(topic, (subs, groups))
         return plan
 
     @staticmethod
