@@ -71,7 +71,7 @@ from .mapping import (
 )
 from .passwords import Credentials
 from .retained import RetainedStore
-from .routing import Plan, Routing, SharedGroup, member_sub_ids
+from .routing import Routing, SharedGroup, member_sub_ids
 from .session import NONE, SESSION_NEVER_EXPIRES, Session, Subscription
 from .session_store import SessionStore
 from .shared import SharedDelivery
@@ -126,9 +126,8 @@ class MQTTBroker:
         self.fleet = Fleet(self)  # several gateways sharing these sessions
         self.tail = Tail(self)  # ... and what other gateways store for subscribers only this one serves
         self.xroute = CrossDoorRouter(self)  # what other doors send on MQTT topics
-        self.session_store.gid = self.fleet.gid if self.fleet.enabled else None
+        self.session_store.gid = self.routing.here = self.fleet.gid if self.fleet.enabled else None
         if self.fleet.enabled:  # the feed does not bring this gateway's own record writes back
-            self.routing.here = self.fleet.gid
             self.session_store.batch.writer = self.fleet.gid
             self.delivery.save_lanes = False  # a new owner reads every broker's lanes (adopt_owned)
 
@@ -419,9 +418,8 @@ class MQTTBroker:
         fast: list[tuple[Outgoing, tuple[Subscription, ...]]] = []
         wake: set[Session] = set()
         wake_groups: set[SharedGroup] = set()
-        # per message: its plan, its QoS 1/2 subscriptions (in extra_dispatch order), outbound form
-        plans: list[Plan] = []
-        lanes: list[tuple[Subscription | None, ...]] = []
+        # per message: matched, its QoS 1/2 subscriptions (in extra_dispatch order), outbound form
+        lanes: list[tuple[bool, tuple[Subscription | None, ...]]] = []
         outs: list[Outgoing | None] = []
         routing, plan_cache, retained = self.routing, self.routing.plans, False
         last_topic, last_qos, gen, plan = None, -1, -1, None
@@ -439,8 +437,7 @@ class MQTTBroker:
                 last_topic, last_qos = topic, qos
                 plain = None  # (and the plan's fields, read once per run:)
                 ut, tb, targets, direct, lmq_subs = plan.ut, plan.tb, plan.targets, plan.direct, plan.lmq_subs
-                if plan.remote0:
-                    targets, lmq_subs = plan.with_remote0(self.fleet.alive)
+                targets, lmq_subs = plan.with_remote0(self.fleet.alive) if plan.remote0 else (targets, lmq_subs)
                 if plan.wake_groups:
                     wake_groups.update(plan.wake_groups)
             iprops = it.properties
@@ -468,8 +465,7 @@ class MQTTBroker:
                                tb, ut)
                 if direct:
                     fast.append((out, direct))
-            plans.append(plan)
-            lanes.append(lmq_subs)
+            lanes.append((plan.matched, lmq_subs))
             outs.append(out)
         codes: list[int]
         delivery = self.delivery
@@ -479,8 +475,8 @@ class MQTTBroker:
             results = await self.processor.send(ctx, msgs)
             if delivery.tracer.on:
                 trace_mark_sent(results, outs)
-            codes = [0 if p.matched else C.RC_NO_MATCHING_SUBSCRIBERS for p in plans]
-            for res, subs_, out in zip(results, lanes, outs):
+            codes = [0 if matched else C.RC_NO_MATCHING_SUBSCRIBERS for matched, _ in lanes]
+            for res, (_, subs_), out in zip(results, lanes, outs):
                 if not subs_:
                     continue
                 # our targets come first in extra_dispatch (other doors' routers append theirs)
