@@ -128,6 +128,10 @@ class BrokerClient(Protocol):
         """One plain (not delayed, not transactional) message stored by a synchronous call; only
         while :meth:`writes_now` holds (the remote client never does, and refuses)."""
         ...
+    def put_batch_nowait(self, broker: str, msgs: Sequence[Message]) -> list[PutResult]:
+        """:meth:`put_nowait` for a run of plain messages (one store call: the compiled encoder
+        takes runs of one queue); only while :meth:`writes_now` holds."""
+        ...
     async def end_transaction(self, broker: str, transaction_id: str, commit: bool, source: str) -> None: ...
     def set_transaction_checker(self, checker: TransactionChecker | None) -> None: ...
 
@@ -302,6 +306,9 @@ class LocalBrokerClient:
 
     def put_nowait(self, broker: str, msg: Message) -> PutResult:
         return self._check(broker).put_nowait(msg)
+
+    def put_batch_nowait(self, broker: str, msgs: Sequence[Message]) -> list[PutResult]:
+        return self._check(broker).put_batch_nowait(msgs)
 
     async def end_transaction(self, broker: str, transaction_id: str, commit: bool, source: str) -> None:
         await self._check(broker).end_transaction(transaction_id, commit, source)

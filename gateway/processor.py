@@ -53,7 +53,8 @@ from .batch_send import check_batchable, pack_call
 from .processor_bulk import BulkCalls
 from .processor_lanes import LaneCalls
 from .send_now import SendNow, too_large
-from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, TopicPlan, clean_properties, message_type_of, select_queue
+from .send_plan import (PLAIN_KEYS as _PLAIN_KEYS, TopicPlan, clean_properties, message_type_of, run_length,
+                        select_queue)
 
 __all__ = [
     "ACCEPTED_MESSAGE_TYPES", "MessageTypeMismatchError", "MessagingProcessor", "NoWritableQueueError",
@@ -214,6 +215,8 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             lp = self._plans.get(messages[0].topic)
             if lp is not None and lp.linger and (lingered := await self._lingered(ctx, messages)) is not None:
                 return lingered  # gathered into a batch (batch.linger_ms): processor_bulk.py
+        elif n > 1 and not transactional and (run_done := self._send_run(ctx, messages)) is not None:
+            return run_done  # one topic's plain run that waits for nothing: send_now.py
         if not n:
             raise BadRequestError("nothing to send")
         if n > self.config.max_batch:
@@ -250,9 +253,9 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                     if plan is None:
                         plan = await self._send_plan(ctx, topic)
                     plans[topic] = plan
-                    # a batch is spread over the queues in contiguous runs (n/queues each):
-                    # every queue gets its share, and the store writes each run at once
-                    st = states[topic] = [plan, plan.rr, 0, n if plan.batch else max(1, -(-n // max(plan.nw, 1)))]
+                    # a batch goes to the queues in contiguous runs (send_plan.run_length): every
+                    # queue gets its share over the calls, and the store writes each run at once
+                    st = states[topic] = [plan, plan.rr, 0, n if plan.batch else run_length(n, plan.nw)]
                 plan = st[0]
                 accepts, batch, writable, nw = plan.accepts, plan.batch, plan.writable, plan.nw
                 rr_inline = not plan.fifo and nw > 0

@@ -372,6 +372,9 @@ class RemoteBrokerClient(RemoteLaneCalls):
     def put_nowait(self, broker: str, msg: Message) -> PutResult:
         raise BadRequestError("a remote broker is written with an awaited send")
 
+    def put_batch_nowait(self, broker: str, msgs: Sequence[Message]) -> list[PutResult]:
+        raise BadRequestError("a remote broker is written with an awaited send")
+
     async def _send_once(
         self, broker: str, msgs: Sequence[Message], transactional: bool, producer_group: str
     ) -> list[tuple[PutResult, str | None]]:

@@ -29,6 +29,18 @@ PLAIN_KEYS_MAX = 4096
 # A compacted topic's messages are placed by key; an MQTT publish (and an AMQP publish to
 # amq.topic) without a key of its own is keyed by its MQTT topic name, as retained messages are.
 MQTT_TOPIC = "mqtt_topic"
+# A send call's messages to a round-robin topic go to its queues in contiguous runs of at least
+# this many (a call of up to RUN_MIN messages: one queue, the next call the next queue, as
+# RocketMQ's producer sends a batch to one queue). Every queue still gets its share over calls,
+# and a large call is spread over the queues at once; a run shorter than this costs the store a
+# queue switch (its lookups, its compiled encoder's call, its queue-file write: about 12,000
+# instructions) for a few messages (bench/RESULTS.md, "processor floors: 32 per call").
+RUN_MIN = 32
+
+
+def run_length(n: int, nw: int) -> int:
+    """How many consecutive messages of an ``n``-message call go to one of ``nw`` queues."""
+    return max(RUN_MIN, -(-n // max(nw, 1)))
 
 
 def clean_properties(m: Message) -> None:
@@ -68,7 +80,8 @@ class TopicPlan:
     a str hash is cached, an enum's is not), and its round-robin position. ``fifo``: every
     message's queue is chosen by :meth:`select` (a FIFO topic by group, a compacted one by key)."""
 
-    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "keyed", "static", "rr", "batch", "linger")
+    __slots__ = ("route", "accepts", "writable", "nw", "fifo", "keyed", "static", "rr", "batch", "linger",
+                 "one_broker", "normal")
 
     def __init__(self, route: TopicRoute, rr: int) -> None:
         self.route = route
@@ -76,10 +89,14 @@ class TopicPlan:
         self.accepts = frozenset(t.value for t in ACCEPTED_MESSAGE_TYPES[mtype])
         self.writable = route.writable
         self.nw = len(self.writable)
+        brokers = {q.broker for q in self.writable}
+        # the broker of every writable queue when there is one (merged mode): a run needs no grouping
+        self.one_broker = brokers.pop() if len(brokers) == 1 else None
         self.keyed = mtype == MessageType.COMPACTED
         self.static = route.config.mapping is not None
         self.fifo = mtype == MessageType.FIFO or self.keyed or self.static
         self.rr = rr
+        self.normal = "NORMAL" in self.accepts
         # a batch topic: its compression ("none", "zstd", "lz4"); None for any other topic
         self.batch = compression_of(route.config) if is_batch(route.config) else None
         # single sends wait up to this many ms to join a batch (gateway/batch_linger.py); 0: off
