@@ -53,8 +53,7 @@ from .batch_send import check_batchable, pack_call
 from .processor_bulk import BulkCalls
 from .processor_lanes import LaneCalls
 from .send_now import SendNow, too_large
-from .send_plan import (PLAIN_KEYS as _PLAIN_KEYS, TopicPlan, clean_properties, message_type_of, run_length,
-                        select_queue)
+from .send_plan import PLAIN_KEYS as _PLAIN_KEYS, TopicPlan, clean_properties, message_type_of, run_length, select_queue
 
 __all__ = [
     "ACCEPTED_MESSAGE_TYPES", "MessageTypeMismatchError", "MessagingProcessor", "NoWritableQueueError",
@@ -203,9 +202,8 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
     ) -> list[SendResult]:
         """Send one message or a batch (all to one topic or several).
 
-        Written as one flat loop on purpose (it is the hottest path of every door):
-        per topic of the call one route lookup, one authorization and one type table
-        (a :class:`TopicPlan`); per message only the checks that depend on the message.
+        One flat loop on purpose (the hottest path of every door; short paths: send_now.py): per topic of
+        the call one route, authorization and type table (:class:`TopicPlan`); per message its own checks.
         """
         n = len(messages)
         if n == 1 and not transactional:
@@ -215,8 +213,8 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
             lp = self._plans.get(messages[0].topic)
             if lp is not None and lp.linger and (lingered := await self._lingered(ctx, messages)) is not None:
                 return lingered  # gathered into a batch (batch.linger_ms): processor_bulk.py
-        elif n > 1 and not transactional and (run_done := self._send_run(ctx, messages)) is not None:
-            return run_done  # one topic's plain run that waits for nothing: send_now.py
+        elif n > 1 and not transactional and (run := self._send_run(ctx, messages)) is not None:
+            return run  # one topic's plain messages, waiting for nothing: send_now.py
         if not n:
             raise BadRequestError("nothing to send")
         if n > self.config.max_batch:
@@ -253,8 +251,7 @@ class MessagingProcessor(AdminCalls, ColumnarCalls, DoorStateCalls, DoorWatchCal
                     if plan is None:
                         plan = await self._send_plan(ctx, topic)
                     plans[topic] = plan
-                    # a batch goes to the queues in contiguous runs (send_plan.run_length): every
-                    # queue gets its share over the calls, and the store writes each run at once
+                    # contiguous queue runs (send_plan.run_length): the store writes each at once
                     st = states[topic] = [plan, plan.rr, 0, n if plan.batch else run_length(n, plan.nw)]
                 plan = st[0]
                 accepts, batch, writable, nw = plan.accepts, plan.batch, plan.writable, plan.nw
