@@ -120,6 +120,34 @@ async def test_repeated_single_sends_keep_every_check_and_stamp(processor):
         assert (m.queue_id, m.queue_offset) == (by_id[m.message_id].queue_id, by_id[m.message_id].queue_offset)
 
 
+
+async def test_repeated_batch_sends_keep_every_check_and_stamp(processor):
+    """From the second call to a topic on, a merged call of plain messages to one topic takes the
+    short run path (gateway/send_now.py `_send_run`): the same refusals, stamps and results, and
+    a call it cannot take (a reserved property, an oversized message) is the general path's."""
+    await processor.create_topic(CTX, "run", queues=2)
+    limit = processor.config.max_message_size
+    for _ in range(3):  # the first round plans the topic, the others find the plan
+        with pytest.raises(MessageTooLargeError):
+            await processor.send(CTX, [msg("run", "a"), msg("run", b"x" * (limit + 1))])
+    stats = await processor.describe_topic(CTX, "run")
+    assert [q.max_offset for q in stats.queues] == [0, 0]  # the refused calls stored nothing
+    results = []
+    for k in range(3):
+        props = [{"k": "v"} if i or k else {"__rt": "x", "k": "v"} for i in range(4)]  # call 0: general path
+        results += await processor.send(CTX, [msg("run", f"{k}-{i}", properties=props[i]) for i in range(4)])
+    assert [r.queue_id for r in results[::4]] in ([0, 1, 0], [1, 0, 1])  # a call per queue, in turn
+    assert all(len({r.queue_id for r in results[i:i + 4]}) == 1 for i in range(0, 12, 4))
+    got = await pop_until(processor, "g", "run", 12)
+    assert len(got) == 12 and len({r.message_id for r in results}) == 12
+    by_id = {r.message_id: r for r in results}
+    for p in got:
+        m = p.message
+        assert m.properties == {"k": "v"} and m.protocol == "test" and m.born_host == CTX.remote_address
+        assert m.born_timestamp_ms > 0
+        assert (m.queue_id, m.queue_offset) == (by_id[m.message_id].queue_id, by_id[m.message_id].queue_offset)
+
+
 # ----------------------------------------------------------------------------- topics and types
 
 
