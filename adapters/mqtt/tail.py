@@ -188,6 +188,7 @@ class Tail:
         self._held: dict[Session, dict[str, str]] = {}
         self._since: dict[Session, int] = {}  # session connected here -> when (ms)
         self._kicks: list[list[object]] = []  # CONNECTs here not yet told to the other gateways
+        self._kicker: asyncio.Task[None] | None = None  # telling them (one batch of notes at a time)
         self._brokers: list[str] = []  # the brokers the fleet's notes go through
         self.tails: dict[str, _TopicTail] = {}
         self._wild_since = 0  # ms: when the wildcard demand began
@@ -388,24 +389,31 @@ class Tail:
         """A CONNECT of ``cid`` here: the other gateways close an older connection of it (MQTT
         wants client ids unique; a persistent session's takeover does this through its record,
         fleet.py, a clean session has none)."""
-        if not self._kicks:
-            self.broker.spawn(self._send_kicks())
+        if self._kicker is None:
+            self._kicker = self.broker.spawn(self._send_kicks())
         self._kicks.append([cid, None, now_ms()])
 
     async def _send_kicks(self) -> None:
-        await asyncio.sleep(0)  # every CONNECT of this loop turn in one note list
-        kicks, self._kicks = self._kicks, []
-        f = self.fleet
-        feed = f.feed
-        if feed is None or not kicks:
-            return
-        for g in [g for g in f.live if g != f.gid and f.alive(g)]:
-            for b in self._brokers:  # through any broker the other gateway watches
-                try:
-                    await feed.door_notify(b, g, kicks)
-                    break
-                except Exception as e:
-                    log.debug("mqtt tail: CONNECT notes to %s via %s: %s", g, b, e)
+        """The notes of :meth:`_kick`, one batch on its way at a time: the CONNECTs of a storm
+        that arrive meanwhile go in the next (a note call per loop turn was a broker call, a
+        wake of the other gateway's long poll and its answer per ~4 CONNECTs)."""
+        try:
+            await asyncio.sleep(0)  # every CONNECT of this loop turn in one note list
+            while self._kicks:
+                kicks, self._kicks = self._kicks, []
+                f = self.fleet
+                feed = f.feed
+                if feed is None:
+                    return
+                for g in [g for g in f.live if g != f.gid and f.alive(g)]:
+                    for b in self._brokers:  # through any broker the other gateway watches
+                        try:
+                            await feed.door_notify(b, g, kicks)
+                            break
+                        except Exception as e:
+                            log.debug("mqtt tail: CONNECT notes to %s via %s: %s", g, b, e)
+        finally:
+            self._kicker = None
 
     def connected_elsewhere(self, cid: str, at_ms: int) -> None:
         """Another gateway took a CONNECT of ``cid`` at ``at_ms``: a clean session's connection
