@@ -82,10 +82,22 @@ class BlockCache:
             return
         with self._lock:
             self._pending.pop(key, None)
-            if key not in self._blocks and len(data) <= self.capacity:
-                self._blocks[key] = data
-                self.size += len(data)
-                while self.size > self.capacity:
-                    _, old = self._blocks.popitem(last=False)
-                    self.size -= len(old)
+            self._insert(key, data)
         fut.set_result(data)
+
+    def put(self, key: Hashable, data: bytes) -> None:
+        """Cache ``data`` as block ``key`` (fetched along with another block), unless it is cached
+        or on its way already: its fetcher's answer stands."""
+        with self._lock:
+            if key not in self._pending:
+                self._insert(key, data)
+
+    def _insert(self, key: Hashable, data: bytes) -> None:
+        """Under the lock: keep ``data`` as ``key`` (unless there already) and evict the least
+        recently used blocks past the capacity."""
+        if key not in self._blocks and len(data) <= self.capacity:
+            self._blocks[key] = data
+            self.size += len(data)
+            while self.size > self.capacity:
+                _, old = self._blocks.popitem(last=False)
+                self.size -= len(old)

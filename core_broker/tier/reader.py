@@ -141,12 +141,12 @@ class TierReader:
         """Bytes ``[start, end)`` of a segment's ``kind`` object as (a buffer, where they start in
         it): the cached block itself when they lie in one, so records decode from it with no copy;
         then fetch the ``ahead`` blocks after them in the background (a sequential reader's next)."""
-        name, at, limit = m.where(self.store.store_id, kind)
+        limit = m.where(self.store.store_id, kind)[2]
         end = min(end, limit)
         if end <= start:
             return b"", 0
         bs = self.block_size
-        fetch = self._fetcher(name, at, limit)
+        fetch = self._fetcher(m, kind)
         first, last = start // bs, (end - 1) // bs
         for b in range(last + 1, min(last + 1 + ahead, (limit - 1) // bs + 1)):
             self.cache.prefetch((m.base, kind, b), fetch(b), self.prefetcher)
@@ -158,19 +158,45 @@ class TierReader:
             parts.append(block[max(start - b * bs, 0) : end - b * bs])
         return b"".join(parts), 0
 
-    def _fetcher(self, name: str, at: int, limit: int) -> Callable[[int], Callable[[], bytes]]:
-        """Block number -> the ranged GET of that block of the ``limit`` bytes at ``at`` in object
-        ``name`` (a segment's index or keys may follow its records in one object)."""
+    def _fetcher(self, m: layout.Manifest, kind: str) -> Callable[[int], Callable[[], bytes]]:
+        """Block number -> the ranged GET of that block of segment ``m``'s ``kind`` bytes (a
+        segment's index or keys may follow its records in one object, ``layout``)."""
+        name, at, limit = m.where(self.store.store_id, kind)
         bs = self.block_size
+        with_tail = kind == "index" and m.inline and m.size > 0
 
         def fetch(b: int) -> Callable[[], bytes]:
             def run() -> bytes:
                 self.gets += 1
-                return self.objects.get_range(name, at + b * bs, at + min(b * bs + bs, limit))
+                end = at + min(b * bs + bs, limit)
+                if b == 0 and with_tail:
+                    return self._index_with_tail(name, m, end)
+                return self.objects.get_range(name, at + b * bs, end)
 
             return run
 
         return fetch
+
+    def _index_with_tail(self, name: str, m: layout.Manifest, end: int) -> bytes:
+        """The first index block of an inline segment object (``[m.size, end)``), fetched in one
+        GET with the segment's last block, which lies just before it in the object and goes into
+        the cache too (unless it is there or on its way).
+
+        Why: whoever reads a queue's entries of a segment reads their records next, and one
+        GET fewer per segment matters: a GET costs milliseconds of botocore CPU whatever its
+        size (bench/RESULTS.md, branch tierread). That block keeps the index bytes after the
+        segment's end: every reader takes its range of a block by offset (``_span``), and
+        records are bounded by their own size and CRC, so they never show.
+        """
+        bs = self.block_size
+        last = (m.size - 1) // bs
+        key = (m.base, "segment", last)
+        if self.cache.has(key):
+            return self.objects.get_range(name, m.size, end)
+        data = self.objects.get_range(name, last * bs, end)
+        cut = m.size - last * bs
+        self.cache.put(key, data)
+        return data[cut:]
 
     def _ahead_into(self, after: list[Range], budget: int) -> None:
         """A sequential reader nears the end of a queue's segment: fetch, in the background, where
@@ -186,7 +212,7 @@ class TierReader:
             if not self.cache.has(key):  # not asked yet
                 # the index block is asked before ``_segment_ahead`` is queued, so that (waiting for
                 # it) waits for a job a worker took already, never for one queued behind it
-                fetch = self._fetcher(*m.where(self.store.store_id, "index"))
+                fetch = self._fetcher(m, "index")
                 self.cache.prefetch(key, fetch(pos // bs), self.prefetcher)
                 try:
                     self.prefetcher.submit(self._segment_ahead, m, pos, n)
@@ -199,7 +225,7 @@ class TierReader:
         """Read ahead ``n`` blocks of segment ``m`` from the record of the index entry at ``pos``."""
         phys = ENTRY.unpack(self._read("index", m, pos, pos + ENTRY.size))[0]
         bs = self.block_size
-        fetch = self._fetcher(*m.where(self.store.store_id, "segment"))
+        fetch = self._fetcher(m, "segment")
         b = (phys - m.base) // bs
         for k in range(b, min(b + n, (m.size - 1) // bs + 1)):
             self.cache.prefetch((m.base, "segment", k), fetch(k), self.prefetcher)
