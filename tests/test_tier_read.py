@@ -178,3 +178,39 @@ def test_a_tier_written_with_separate_index_and_keys_objects_still_reads(tmp_pat
             assert [bytes(m.body) for m in got] == [before[1][3][4]]  # message 7: queue 1, offset 3
 
     asyncio.run(main())
+
+
+def test_a_cold_sequential_read_makes_one_get_per_single_block_segment(tmp_path: Path, s3: S3Server) -> None:
+    """A segment whose records fit one block and whose index is inline: its index's first block
+    and its records come in one GET, and the reader still gets every message byte for byte."""
+    from core_broker.message_store import MessageStore
+    from core_broker.tier import TierService
+
+    cfg = tier_config(tmp_path / "d", s3, s3.new_bucket(), retention_hours=1.0, tier_read_block_bytes=128 << 10,
+                      tier_read_ahead_bytes=0)
+    store = MessageStore(cfg)
+    store.start()
+    tier = store.tier = TierService(store)
+    tier.start()
+    try:
+        bodies = [os.urandom(200 + i % 300) for i in range(1500)]
+        for b in bodies:
+            store.put(Message("S", b))
+        wait_for(lambda: tier.backlog() == (0, 0), 30)
+        store.run_retention(now=time.time() + 10 * 3600)
+        cold = store.min_offset("S", 0)
+        ms = manifests(s3, cfg.tier_bucket, store.store_id)
+        retired = [m for m in ms.values() if m.base + m.length <= store.commitlog.min_offset]
+        assert cold > 100 and retired and all(m.inline and m.size <= 128 << 10 for m in retired)
+        got: list[bytes] = []
+        off = 0
+        while off < cold:
+            r = tier.reader.get("S", 0, off, 64)
+            assert r is not None and r.status == GetStatus.FOUND
+            got += [bytes(m.body) for m in r.messages]
+            off = r.next_offset
+        assert got == bodies[:cold]
+        assert tier.reader.gets == len(retired)  # not two (index, then records) per segment
+    finally:
+        tier.stop()
+        store.shutdown()
