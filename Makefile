@@ -29,9 +29,9 @@ UNIMQ_ARGS   ?=
 PYTEST_ARGS  ?=
 # Test processes (pytest-xdist); a test file stays on one of them (--dist loadfile: module fixtures
 # such as a started cluster serve the whole file; one Spark session serves a process). 0 runs it in
-# the make process. 3 on a 2-core machine: much of the suite waits (process starts, failovers,
-# timeouts), so with 2 the cores were busy only ~64% of the time (28.5 min wall, 36.6 min user CPU).
-PYTEST_WORKERS ?= 3
+# the make process. 2 on a 2-core machine: with 3 the suite's fault and rate tests saw failures
+# at high load (its cores were busy ~64% of the time with 2, so 3 would be faster on a quiet one).
+PYTEST_WORKERS ?= 2
 # Debian packages the test suite needs (real protocol peers such as mosquitto; chromium and
 # its WebDriver for the console's browser tests, tests/test_console_browser.py).
 # Installed with apt-get when running as root and missing; skipped when empty.

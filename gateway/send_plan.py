@@ -30,12 +30,12 @@ PLAIN_KEYS_MAX = 4096
 # amq.topic) without a key of its own is keyed by its MQTT topic name, as retained messages are.
 MQTT_TOPIC = "mqtt_topic"
 # A send call's messages to a round-robin topic go to its queues in contiguous runs of at least
-# this many (a call of up to RUN_MIN messages: one queue, the next call the next queue, as
-# RocketMQ's producer sends a batch to one queue). Every queue still gets its share over calls,
-# and a large call is spread over the queues at once; a run shorter than this costs the store a
-# queue switch (its lookups, its compiled encoder's call, its queue-file write: about 12,000
-# instructions) for a few messages (bench/RESULTS.md, "processor floors: 32 per call").
-RUN_MIN = 32
+# this many. 1: a call is spread evenly over the queues (and so over the brokers) at once, which
+# users and tests rely on (a batch of a few messages reaches every broker). Runs of 32 (one queue
+# per call of up to 32, as RocketMQ's producer sends a batch) saved the store a queue switch per
+# few messages (bench/RESULTS.md, "processor floors: 32 per call") but changed where messages land;
+# not made the default.
+RUN_MIN = 1
 
 
 def run_length(n: int, nw: int) -> int:
