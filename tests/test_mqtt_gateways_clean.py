@@ -56,6 +56,16 @@ def _reaches(pub: Paho, sub: Paho, topic: str) -> None:
             break
 
 
+def _publish_mixed(pub: Paho, under: str, tag: str, n: int) -> list[tuple[bytes, int]]:
+    """``n`` messages over three topics under ``under``, QoS 0 and 1 in turn: (body, QoS) as sent."""
+    sent = []
+    for i in range(n):
+        body = f"{tag}-{i}".encode()
+        pub.publish(f"{under}/{i % 3}", body, qos=i % 2)
+        sent.append((body, i % 2))
+    return sent
+
+
 def _fleet(a: Proc, b: Proc) -> None:
     """Wait until ``a`` and ``b`` see each other alive (a publish through ``a`` reaches a
     subscriber on ``b``: ``a`` stamps what it stores, ``b`` tails)."""
@@ -72,11 +82,7 @@ def test_clean_subscriber_gets_another_gateways_qos0_and_qos1_in_order_once(clus
     sub.subscribe("cleanx/#", qos=1)
     pub = Paho(_port(b))
     _reaches(pub, sub, "cleanx/probe")
-    sent = []
-    for i in range(40):
-        body = f"m-{i}".encode()
-        pub.publish(f"cleanx/dev/{i % 3}", body, qos=i % 2)
-        sent.append((body, i % 2))
+    sent = _publish_mixed(pub, "cleanx/dev", "m", 40)
     got = sub.get_n(len(sent))
     assert [(m.payload, m.qos) for m in got] == sent  # in order, QoS as published (under the sub's 1)
     sub.nothing(1.5)  # none twice
@@ -126,11 +132,7 @@ def test_qos0_reaches_a_persistent_qos1_subscription_on_the_other_gateway_throug
     sub.subscribe("personly/#", qos=1)
     pub = Paho(_port(b))
     _reaches(pub, sub, "personly/probe")  # (QoS 0 probes: once b's copy says online at a)
-    sent = []
-    for i in range(30):
-        body = f"p-{i}".encode()
-        pub.publish(f"personly/dev/{i % 3}", body, qos=i % 2)
-        sent.append((body, i % 2))
+    sent = _publish_mixed(pub, "personly/dev", "p", 30)
     got = sub.get_n(len(sent))
     assert sorted((m.payload, m.qos) for m in got) == sorted(sent)  # QoS as published (under the sub's 1)
     sub.nothing(1.5)  # none twice
